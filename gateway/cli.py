@@ -1,0 +1,106 @@
+"""`geniex`: serve, pull, list, rm. Every serve flag also reads `GENIEX_<FLAG>`."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from gateway.config import DEFAULT_HOST, Settings, default_data_dir, split_host
+
+
+def _env(name: str, default: Any, cast: Callable[[str], Any] = str) -> Any:
+    raw = os.environ.get(f"GENIEX_{name.upper().replace('-', '_')}")
+    if raw is None or raw == "":
+        return default
+    try:
+        return cast(raw)
+    except ValueError:
+        raise SystemExit(f"error: GENIEX_{name.upper().replace('-', '_')}={raw!r} is not a valid value") from None
+
+
+def _csv(value: str) -> list[str]:
+    return [v.strip() for v in value.split(",") if v.strip()]
+
+
+def _add_serve(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    p = sub.add_parser("serve", help="run the OpenAI-compatible server")
+    a = p.add_argument
+    a("--host", default=_env("host", DEFAULT_HOST), help="HOST:PORT to bind (default 127.0.0.1:18181)")
+    a("--nctx", type=int, default=_env("nctx", 4096, int), help="default context size per request")
+    a("--ngl", type=int, default=_env("ngl", -1, int), help="default GPU layers (-1: all)")
+    a("--compute", choices=["cpu", "gpu", "npu", "hybrid"], default=_env("compute", None))
+    a("--keepalive", type=float, default=_env("keepalive", 300.0, float),
+      help="stop a worker idle this many seconds (-1: never, 0: after each request)")  # fmt: skip
+    a("--origins", type=_csv, default=_env("origins", [], _csv), help="comma-separated CORS origins")
+    a("--data-dir", type=Path, default=default_data_dir())
+    a("--log-level", default=_env("log_level", None), choices=["debug", "info", "warning", "error"])
+    a("--parallel", type=int, default=_env("parallel", 0, int), help="sequences per worker (0: from nctx)")
+    a("--max-queue", type=int, default=_env("max_queue", 16, int), help="queued requests per worker before 503")
+    a("--max-loaded", type=int, default=_env("max_loaded", 0, int), help="resident workers (0: memory decides)")
+    a("--memory-reserve", type=int, default=_env("memory_reserve", 1024, int), help="MiB of RAM to keep free")
+    a("--drain-timeout", type=float, default=_env("drain_timeout", 30.0, float))
+    a("--load-timeout", type=float, default=_env("load_timeout", 120.0, float))
+    a("--preload", type=_csv, default=_env("preload", [], _csv), help="comma-separated models to load at start")
+    a("--threads", type=int, default=_env("threads", 0, int), help="threads per worker (0: physical cores)")
+    p.set_defaults(func=_serve)
+
+
+def _serve(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from gateway.app import create_app
+    from protocol.logs import configure_logging
+
+    host, port = split_host(args.host)
+    settings = Settings(
+        host=host,
+        port=port,
+        nctx=args.nctx,
+        ngl=args.ngl,
+        compute=args.compute,
+        keepalive=args.keepalive,
+        origins=args.origins,
+        data_dir=args.data_dir,
+        log_level=args.log_level,
+        parallel=args.parallel,
+        max_queue=args.max_queue,
+        max_loaded=args.max_loaded,
+        memory_reserve_mb=args.memory_reserve,
+        drain_timeout=args.drain_timeout,
+        load_timeout=args.load_timeout,
+        preload=args.preload,
+        threads=args.threads,
+    )
+    configure_logging(settings.log_level)
+    app = create_app(settings)
+    config = uvicorn.Config(
+        app,
+        host=host,
+        port=port,
+        log_level="warning",
+        access_log=False,
+        lifespan="on",
+        timeout_graceful_shutdown=int(settings.drain_timeout) or None,
+        server_header=False,
+    )
+    uvicorn.Server(config).run()
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    from gateway.models_cli import add_model_commands
+
+    parser = argparse.ArgumentParser(prog="geniex", description="GenieX Server: local OpenAI-compatible inference")
+    sub = parser.add_subparsers(dest="command", required=True)
+    _add_serve(sub)
+    add_model_commands(sub)
+    args = parser.parse_args(argv)
+    return int(args.func(args) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,40 @@
+"""Which compute unit a request can really have on this host."""
+
+from __future__ import annotations
+
+import functools
+
+import structlog
+
+log = structlog.get_logger("gateway.compute")
+
+UNITS = ("cpu", "gpu", "npu", "hybrid")
+
+
+@functools.cache
+def _gpu_offload() -> bool:
+    try:
+        import llama_cpp
+
+        return bool(llama_cpp.llama_supports_gpu_offload())
+    except Exception:  # noqa: BLE001 - no llama.cpp build means no GPU either
+        return False
+
+
+def resolve_compute(requested: str | None, engine: str) -> str:
+    """The unit to run on; a unit the host cannot honour falls back to CPU with a warning."""
+    unit = (requested or "cpu").lower()
+    if unit == "cpu":
+        return "cpu"
+    if engine == "llama_cpp":
+        if unit in ("gpu", "hybrid") and _gpu_offload():
+            return "gpu"
+        _warn_once(unit, engine, "this llama.cpp build has no GPU/NPU offload")
+        return "cpu"
+    _warn_once(unit, engine, f"engine {engine} has no {unit} support here")
+    return "cpu"
+
+
+@functools.cache
+def _warn_once(unit: str, engine: str, why: str) -> None:
+    log.warning("compute unit unavailable; falling back to cpu", requested=unit, engine=engine, reason=why)

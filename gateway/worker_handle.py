@@ -1,0 +1,319 @@
+"""The gateway's side of one worker process: its subprocess, its sockets, its requests.
+
+One reader task routes every reply to the per-request queue it belongs to. One
+monitor task waits on the process; when it exits, every waiting request is woken
+with the reason at once, so nothing hangs on a dead worker.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import os
+import signal
+import sys
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import structlog
+import zmq
+import zmq.asyncio
+
+from gateway.errors import BadRequest, EngineFailure, GenieXError, Overloaded, WorkerDied, WorkerUnavailable
+from gateway.worker_state import IllegalTransition, State, can_move
+from protocol.keys import WorkerKey
+from protocol.wire import (
+    PROTOCOL_VERSION,
+    Cancel,
+    Delta,
+    Done,
+    Dying,
+    Failed,
+    Generate,
+    Ready,
+    Shutdown,
+    Warmup,
+    gateway_codec,
+)
+
+log = structlog.get_logger("gateway.worker")
+
+def _error_for(failed: Failed) -> GenieXError:
+    cls = {400: BadRequest, 503: WorkerUnavailable}.get(failed.status, EngineFailure)
+    return cls(failed.message, code=failed.code)
+
+
+class WorkerSpec:
+    """What a handle needs to start its process; the pool fills it in."""
+
+    def __init__(
+        self,
+        key: WorkerKey,
+        model_path: str,
+        engine: str,
+        ngl: int,
+        parallel: int,
+        threads: int,
+        log_level: str,
+        load_timeout: float,
+        max_queue: int,
+    ) -> None:
+        self.key = key
+        self.model_path = model_path
+        self.engine = engine
+        self.ngl = ngl
+        self.parallel = parallel
+        self.threads = threads
+        self.log_level = log_level
+        self.load_timeout = load_timeout
+        self.max_queue = max_queue
+
+
+class WorkerHandle:
+    def __init__(self, spec: WorkerSpec, zctx: zmq.asyncio.Context, runtime_dir: Path) -> None:
+        self.spec = spec
+        self.key = spec.key
+        self.state = State.STARTING
+        self.ready_info: Ready | None = None
+        self.proc: asyncio.subprocess.Process | None = None
+        self.started_at = time.time()
+        self.last_used = time.monotonic()
+        self.requests_served = 0
+        self.exit_reason: str | None = None
+        self._codec = gateway_codec()
+        self._ids = itertools.count(1)
+        self._queues: dict[int, asyncio.Queue[object]] = {}
+        self._ready: asyncio.Future[Ready] = asyncio.get_running_loop().create_future()
+        self._dying: str | None = None
+        self._tasks: list[asyncio.Task[None]] = []
+        slug = spec.key.slug
+        self._inbox = f"ipc://{runtime_dir / slug}.in"
+        self._outbox = f"ipc://{runtime_dir / slug}.out"
+        self._push = zctx.socket(zmq.PUSH)
+        self._push.setsockopt(zmq.LINGER, 0)
+        self._push.bind(self._inbox)
+        self._pull = zctx.socket(zmq.PULL)
+        self._pull.setsockopt(zmq.LINGER, 0)
+        self._pull.bind(self._outbox)
+        self.log = log.bind(worker=slug)
+
+    # ---- state -------------------------------------------------------------
+
+    def _move(self, new: State) -> None:
+        if self.state is new:
+            return
+        if not can_move(self.state, new):
+            raise IllegalTransition(f"{self.state.value} -> {new.value}")
+        self.log.info("worker state", old=self.state.value, new=new.value, pid=self.pid)
+        self.state = new
+
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid if self.proc else None
+
+    @property
+    def inflight(self) -> int:
+        return len(self._queues)
+
+    @property
+    def status(self) -> str:
+        """The state as operators read it: a ready worker is busy or idle."""
+        if self.state is State.READY:
+            return "busy" if self._queues else "idle"
+        return self.state.value
+
+    @property
+    def alive(self) -> bool:
+        return self.state in (State.STARTING, State.READY)
+
+    # ---- lifecycle ---------------------------------------------------------
+
+    async def start(self) -> Ready:
+        s = self.spec
+        cmd = [
+            sys.executable, "-m", "workers",
+            "--engine", s.engine,
+            "--model", s.model_path,
+            "--compute", s.key.compute,
+            "--nctx", str(s.key.nctx),
+            "--ngl", str(s.ngl),
+            "--parallel", str(s.parallel),
+            "--threads", str(s.threads),
+            "--inbox", self._inbox,
+            "--outbox", self._outbox,
+            "--parent-pid", str(os.getpid()),
+            "--name", s.key.slug,
+            "--log-level", s.log_level,
+        ]  # fmt: skip
+        self.proc = await asyncio.create_subprocess_exec(*cmd, stdin=asyncio.subprocess.DEVNULL)
+        self.log = self.log.bind(pid=self.proc.pid)
+        self.log.info("worker spawned", model=s.key.model, engine=s.engine)
+        self._tasks = [
+            asyncio.create_task(self._read_replies(), name=f"read:{s.key.slug}"),
+            asyncio.create_task(self._watch_process(), name=f"watch:{s.key.slug}"),
+        ]
+        try:
+            ready = await asyncio.wait_for(asyncio.shield(self._ready), s.load_timeout)
+        except TimeoutError:
+            await self.stop(graceful=False)
+            raise WorkerUnavailable(
+                f"worker for {s.key.model} did not become ready within {s.load_timeout:.0f}s; "
+                "raise --load-timeout if the model is large, or check the worker's log"
+            ) from None
+        except GenieXError:
+            raise
+        if ready.protocol_version != PROTOCOL_VERSION:
+            await self.stop(graceful=False)
+            raise WorkerUnavailable(f"worker speaks protocol {ready.protocol_version}, gateway {PROTOCOL_VERSION}")
+        self.ready_info = ready
+        self._move(State.READY)
+        return ready
+
+    async def stop(self, *, graceful: bool = True, timeout: float = 10.0) -> None:
+        """Graceful: wait for in-flight requests (up to `timeout`), then Shutdown, then signals."""
+        if self.state in (State.STOPPED, State.FAILED):
+            return
+        if self.state is not State.STOPPING:
+            self._move(State.STOPPING)
+        proc = self.proc
+        if proc is not None and proc.returncode is None:
+            if graceful:
+                deadline = time.monotonic() + timeout
+                while self._queues and time.monotonic() < deadline:
+                    await asyncio.sleep(0.05)
+                self._send(Shutdown())
+                if await self._exited(proc, 3.0):
+                    return await self._finish()
+            proc.send_signal(signal.SIGTERM)
+            if not await self._exited(proc, 3.0):
+                proc.kill()
+                await proc.wait()
+        await self._finish()
+
+    async def _finish(self) -> None:
+        for t in self._tasks:
+            if t is not asyncio.current_task():
+                t.cancel()
+        self._fail_all(WorkerDied(f"worker for {self.key.model} was stopped"))
+        self._push.close(0)
+        self._pull.close(0)
+        if self.state is State.STOPPING:
+            self._move(State.STOPPED)
+
+    @staticmethod
+    async def _exited(proc: asyncio.subprocess.Process, timeout: float) -> bool:
+        try:
+            await asyncio.wait_for(proc.wait(), timeout)
+            return True
+        except TimeoutError:
+            return False
+
+    async def _watch_process(self) -> None:
+        assert self.proc is not None
+        code = await self.proc.wait()
+        if self.state is State.STOPPING:
+            return
+        if code < 0:
+            reason = f"killed by {signal.Signals(-code).name}"
+        else:
+            reason = f"exited with status {code}"
+        if self._dying:
+            reason += f": {self._dying}"
+        self.exit_reason = reason
+        self.log.error("worker died", reason=reason, inflight=len(self._queues))
+        err = WorkerDied(f"worker for {self.key.model} died ({reason})")
+        if not self._ready.done():
+            self._ready.set_exception(err)
+            self._ready.exception()  # mark retrieved; start() re-raises it
+        self._move(State.FAILED)
+        self._fail_all(err)
+        for t in self._tasks:
+            if t is not asyncio.current_task():
+                t.cancel()
+        self._push.close(0)
+        self._pull.close(0)
+
+    def _fail_all(self, err: GenieXError) -> None:
+        for q in self._queues.values():
+            q.put_nowait(err)
+        self._queues.clear()
+
+    async def _read_replies(self) -> None:
+        decode = self._codec.decode
+        while True:
+            raw = await self._pull.recv(copy=False)
+            msg = decode(raw.buffer)
+            if isinstance(msg, (Delta, Done, Failed)):
+                q = self._queues.get(msg.req_id)
+                if q is not None:
+                    q.put_nowait(msg)
+                    if not isinstance(msg, Delta):
+                        del self._queues[msg.req_id]
+            elif isinstance(msg, Ready):
+                if not self._ready.done():
+                    self._ready.set_result(msg)
+            elif isinstance(msg, Dying):
+                self._dying = msg.message
+                self.log.error("worker dying", error=msg.message)
+
+    # ---- requests ----------------------------------------------------------
+
+    def _send(self, msg: object) -> None:
+        try:
+            self._push.send(self._codec.encode(msg), flags=zmq.NOBLOCK)
+        except zmq.ZMQError:
+            pass  # a dead worker is reported by the monitor, with its real cause
+
+    def _admit(self) -> tuple[int, asyncio.Queue[object]]:
+        if self.state is not State.READY:
+            raise WorkerDied(f"worker for {self.key.model} is {self.status}")
+        assert self.ready_info is not None
+        if len(self._queues) >= self.ready_info.parallel + self.spec.max_queue:
+            raise Overloaded(
+                f"{self.key.model} is at capacity ({self.ready_info.parallel} running, "
+                f"{self.spec.max_queue} queued); retry shortly"
+            )
+        req_id = next(self._ids)
+        q: asyncio.Queue[object] = asyncio.Queue()
+        self._queues[req_id] = q
+        self.last_used = time.monotonic()
+        return req_id, q
+
+    def cancel(self, req_id: int) -> None:
+        """Safe to call from a `finally` during cancellation: it never awaits."""
+        if self._queues.pop(req_id, None) is not None:
+            self._send(Cancel(req_id))
+
+    async def warmup(self) -> None:
+        req_id, q = self._admit()
+        self._send(Warmup(req_id))
+        await self._next(q)
+
+    async def generate(self, **fields: object) -> AsyncIterator[Delta | Done]:
+        """Yield this request's Deltas and its final Done; raise for Failed or a dead worker."""
+        req_id, q = self._admit()
+        finished = False
+        try:
+            self._send(Generate(req_id=req_id, **fields))  # type: ignore[arg-type]
+            while True:
+                msg = await self._next(q)
+                if isinstance(msg, Done):
+                    finished = True
+                    self.requests_served += 1
+                    yield msg
+                    return
+                yield msg  # type: ignore[misc]
+        finally:
+            self.last_used = time.monotonic()
+            if not finished:
+                self.cancel(req_id)
+
+    @staticmethod
+    async def _next(q: asyncio.Queue[object]) -> Delta | Done:
+        msg = await q.get()
+        if isinstance(msg, GenieXError):
+            raise msg
+        if isinstance(msg, Failed):
+            raise _error_for(msg)
+        return msg  # type: ignore[return-value]

@@ -1,0 +1,158 @@
+"""`/v1/chat/completions`: the OpenAI-shaped request, response and stream chunk.
+
+Unknown request fields are ignored (clients send many); known ones are validated
+here, so a bad value is a 400 naming the field before any handler runs.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+import msgspec
+from msgspec import Meta
+
+Role = Literal["system", "developer", "user", "assistant", "tool", "function"]
+Compute = Literal["cpu", "gpu", "npu", "hybrid"]
+ReasoningFormat = Literal["none", "deepseek", "deepseek-legacy", "auto"]
+
+
+class ImageURL(msgspec.Struct):
+    url: str
+    detail: str | None = None
+
+
+class ContentPart(msgspec.Struct, omit_defaults=True):
+    type: str
+    text: str | None = None
+    image_url: ImageURL | None = None
+    input_audio: dict[str, Any] | None = None
+
+
+class FunctionCall(msgspec.Struct):
+    name: str
+    arguments: str
+
+
+class ToolCall(msgspec.Struct, omit_defaults=True):
+    id: str
+    function: FunctionCall
+    type: Literal["function"] = "function"
+
+
+class ChatMessage(msgspec.Struct, omit_defaults=True):
+    role: Role
+    content: str | list[ContentPart] | None = None
+    name: str | None = None
+    tool_calls: list[ToolCall] | None = None
+    tool_call_id: str | None = None
+    function_call: FunctionCall | None = None
+    reasoning_content: str | None = None
+
+
+class FunctionDef(msgspec.Struct, omit_defaults=True):
+    name: str
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+
+class Tool(msgspec.Struct):
+    function: FunctionDef
+    type: Literal["function"] = "function"
+
+
+class StreamOptions(msgspec.Struct):
+    include_usage: bool = False
+
+
+Unit = Annotated[float, Meta(ge=0, le=1)]
+Penalty = Annotated[float, Meta(ge=-2, le=2)]
+PositiveInt = Annotated[int, Meta(ge=1)]
+
+
+class ChatRequest(msgspec.Struct, kw_only=True):
+    model: str
+    messages: list[ChatMessage]
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    max_completion_tokens: PositiveInt | None = None
+    max_tokens: PositiveInt | None = None  # deprecated alias; ignored when both are present
+    temperature: Annotated[float, Meta(ge=0, le=2)] | None = None
+    top_p: Unit | None = None
+    top_k: Annotated[int, Meta(ge=0)] | None = None
+    min_p: Unit | None = None
+    repetition_penalty: Annotated[float, Meta(ge=0, le=100)] | None = None
+    presence_penalty: Penalty | None = None
+    frequency_penalty: Penalty | None = None
+    seed: int | None = None
+    stop: str | list[str] | None = None
+    n: Annotated[int, Meta(ge=1, le=16)] = 1
+    user: str | None = None
+    # GenieX extensions
+    nctx: PositiveInt | None = None
+    ngl: int | None = None
+    compute: Compute | None = None
+    enable_think: bool | None = None
+    enable_json: bool = False
+    reasoning_format: ReasoningFormat | None = None
+    keep_alive: float | None = None
+    # Accepted so that clients sending them get a clear answer, not a silent ignore.
+    tools: list[Tool] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    response_format: dict[str, Any] | None = None
+    grammar_string: str | None = None
+    grammar_path: str | None = None
+    logprobs: bool | None = None
+    top_logprobs: Annotated[int, Meta(ge=0, le=20)] | None = None
+    logit_bias: dict[str, float] | None = None
+    spec_type: str | None = None
+    spec_draft_model: str | None = None
+
+
+class AssistantMessage(msgspec.Struct):
+    content: str | None
+    role: str = "assistant"
+
+
+class Choice(msgspec.Struct):
+    index: int
+    message: AssistantMessage
+    finish_reason: str | None
+    logprobs: None = None
+
+
+class Usage(msgspec.Struct):
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+
+
+class ChatCompletion(msgspec.Struct):
+    id: str
+    created: int
+    model: str
+    choices: list[Choice]
+    usage: Usage
+    object: str = "chat.completion"
+    system_fingerprint: str | None = None
+
+
+class ChunkDelta(msgspec.Struct, omit_defaults=True):
+    role: str | None = None
+    content: str | None = None
+
+
+class ChunkChoice(msgspec.Struct):
+    index: int
+    delta: ChunkDelta
+    finish_reason: str | None = None
+    logprobs: None = None
+
+
+class ChatCompletionChunk(msgspec.Struct, omit_defaults=True):
+    id: str
+    object: str  # always "chat.completion.chunk"; no default, so omit_defaults keeps it
+    created: int
+    model: str
+    choices: list[ChunkChoice]
+    usage: Usage | None = None

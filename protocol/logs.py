@@ -1,0 +1,41 @@
+"""One log format for the gateway and its workers: JSON lines off a TTY, readable on one.
+
+Shared here because a worker's lines and the gateway's lines land in the same
+journal and must be read with the same tools.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+
+import structlog
+
+
+def configure_logging(level: str | None = None, **bound: object) -> None:
+    lvl = getattr(logging, (level or "info").upper(), logging.INFO)
+    tty = sys.stderr.isatty()
+    processors: list[structlog.typing.Processor] = [
+        structlog.contextvars.merge_contextvars,
+        structlog.processors.add_log_level,
+        structlog.processors.TimeStamper(fmt="iso", utc=True),
+    ]
+    if bound:
+        processors.insert(1, _bind(bound))
+    processors.append(structlog.dev.ConsoleRenderer(colors=False) if tty else structlog.processors.JSONRenderer())
+    structlog.configure(
+        processors=processors,
+        wrapper_class=structlog.make_filtering_bound_logger(lvl),
+        logger_factory=structlog.PrintLoggerFactory(sys.stderr),
+        cache_logger_on_first_use=True,
+    )
+    logging.basicConfig(level=max(lvl, logging.WARNING), stream=sys.stderr, format="%(levelname)s %(name)s: %(message)s")
+
+
+def _bind(values: dict[str, object]) -> structlog.typing.Processor:
+    def processor(_logger: object, _name: str, event: dict) -> dict:  # type: ignore[type-arg]
+        for k, v in values.items():
+            event.setdefault(k, v)
+        return event
+
+    return processor

@@ -1,0 +1,1 @@
+"""Worker processes: each owns exactly one engine and serves it over ZeroMQ."""

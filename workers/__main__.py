@@ -1,0 +1,56 @@
+"""`python -m workers --engine llama_cpp --model PATH ...`: one worker process."""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import os
+import signal
+import sys
+
+from protocol.logs import configure_logging
+
+PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent(parent_pid: int) -> None:
+    """Ask the kernel to kill us when the gateway dies, even by SIGKILL."""
+    if sys.platform.startswith("linux"):
+        try:
+            libc = ctypes.CDLL(None, use_errno=True)
+            libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        except OSError:
+            pass
+    if os.getppid() != parent_pid:  # the parent died before prctl took effect
+        os._exit(1)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m workers")
+    p.add_argument("--engine", default="llama_cpp")
+    p.add_argument("--model", dest="model_path", required=True)
+    p.add_argument("--compute", default="cpu")
+    p.add_argument("--nctx", type=int, default=4096)
+    p.add_argument("--ngl", type=int, default=0)
+    p.add_argument("--parallel", type=int, default=0)
+    p.add_argument("--threads", type=int, default=0)
+    p.add_argument("--inbox", required=True)
+    p.add_argument("--outbox", required=True)
+    p.add_argument("--parent-pid", type=int, required=True)
+    p.add_argument("--name", default="worker")
+    p.add_argument("--log-level", default="info")
+    args = p.parse_args(argv)
+
+    _die_with_parent(args.parent_pid)
+    # SIGINT goes to the whole process group on Ctrl-C; the gateway decides when we stop.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    configure_logging(args.log_level, worker=args.name)
+
+    from workers.engines import load_engine
+    from workers.server import run
+
+    return run(lambda: load_engine(args.engine, args), args.inbox, args.outbox, args.parent_pid)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

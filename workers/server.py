@@ -1,0 +1,119 @@
+"""The worker's loop: one thread, one engine, two ZeroMQ sockets.
+
+Commands arrive on a PULL socket and replies leave on a PUSH socket, so nothing
+ever waits for an acknowledgement per token. Between decode steps the loop
+polls for commands without blocking, which is how a Cancel lands within a
+token. When idle it blocks on the socket, waking now and then to check that
+the gateway is still alive.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+
+import structlog
+import zmq
+
+from protocol.wire import Cancel, Done, Dying, Failed, FromWorker, Generate, Ping, Pong, Shutdown, Warmup, worker_codec
+from workers.engines import Engine, EngineError
+
+log = structlog.get_logger("worker")
+
+IDLE_POLL_MS = 500
+
+
+class WorkerServer:
+    def __init__(self, engine: Engine, ctx: zmq.Context, inbox: str, outbox: str, parent_pid: int) -> None:
+        self.engine = engine
+        self.codec = worker_codec()
+        self.pull = ctx.socket(zmq.PULL)
+        self.pull.connect(inbox)
+        self.push = ctx.socket(zmq.PUSH)
+        self.push.setsockopt(zmq.LINGER, 2000)
+        self.push.connect(outbox)
+        self.parent_pid = parent_pid
+        self.running = True
+
+    def send(self, msg: FromWorker) -> None:
+        self.push.send(self.codec.encode(msg), copy=False)
+
+    def serve(self) -> None:
+        self.send(self.engine.ready())
+        poller = zmq.Poller()
+        poller.register(self.pull, zmq.POLLIN)
+        while self.running:
+            busy = self.engine.has_work()
+            if poller.poll(0 if busy else IDLE_POLL_MS):
+                self._drain()
+            elif not busy and os.getppid() != self.parent_pid:
+                log.warning("gateway is gone; exiting")
+                return
+            if self.running and self.engine.has_work():
+                self.engine.step(self.send)
+
+    def _drain(self) -> None:
+        while self.running:
+            try:
+                raw = self.pull.recv(zmq.NOBLOCK, copy=False)
+            except zmq.Again:
+                return
+            self._handle(self.codec.decode(raw.buffer))
+
+    def _handle(self, msg: object) -> None:
+        match msg:
+            case Generate():
+                try:
+                    self.engine.submit(msg)
+                except EngineError as exc:
+                    self.send(Failed(msg.req_id, exc.status, exc.message, exc.code))
+            case Cancel():
+                self.engine.cancel(msg.req_id)
+            case Warmup():
+                self.send(Done(msg.req_id, "stop"))
+            case Ping():
+                running, waiting, generated = self.engine.stats()
+                self.send(Pong(msg.nonce, running, waiting, generated))
+            case Shutdown():
+                self.running = False
+
+    def close(self) -> None:
+        self.pull.close(0)
+        self.push.close()
+
+
+def run(engine_factory, inbox: str, outbox: str, parent_pid: int) -> int:  # type: ignore[no-untyped-def]
+    """Load the engine, serve until told to stop; report a fatal error as Dying."""
+    ctx = zmq.Context()
+    push_for_dying = None
+    try:
+        t0 = time.perf_counter()
+        engine = engine_factory()
+        log.info("engine loaded", seconds=round(time.perf_counter() - t0, 3))
+        server = WorkerServer(engine, ctx, inbox, outbox, parent_pid)
+        push_for_dying = server
+        try:
+            server.serve()
+        finally:
+            server.close()
+            engine.close()
+        return 0
+    except BaseException as exc:  # noqa: BLE001 - the last word must reach the gateway
+        message = f"{type(exc).__name__}: {exc}"
+        log.error("worker failed", error=message)
+        try:
+            if push_for_dying is not None:
+                push_for_dying.send(Dying(message))
+            else:
+                sock = ctx.socket(zmq.PUSH)
+                sock.setsockopt(zmq.LINGER, 2000)
+                sock.connect(outbox)
+                sock.send(worker_codec().encode(Dying(message)))
+                sock.close()
+        except Exception:  # noqa: BLE001
+            pass
+        print(message, file=sys.stderr)
+        return 1
+    finally:
+        ctx.term()
