@@ -2,17 +2,39 @@
 
 from __future__ import annotations
 
+import time
+from functools import partial
+
+import structlog
 from litestar import Request, Response, post
 from litestar.response import ServerSentEvent
 
 from gateway import chat_relay
 from gateway.chat_convert import generate_fields
+from gateway.disconnect import unless_disconnected
+from gateway.ledger import Ledger, key_label
+from gateway.metrics import Metrics
 from gateway.pool import WorkerPool
 from gateway.request_id import current_request_id
 from gateway.store import ModelStore
 from protocol.chat import ChatCompletion, ChatRequest
 
-NULL_JSON = Response(content=b"null", media_type="application/json")
+KEEP_CACHE_HEADER = "geniex-keepcache"
+
+
+def _header_true(request: Request, name: str) -> bool:
+    return request.headers.get(name, "").strip().lower() in ("1", "true", "yes")
+
+
+def _accounted(request: Request, data: ChatRequest, model: str) -> chat_relay.Completion:
+    """A Completion that reports to the metrics and the usage ledger when it settles.
+
+    Made once the model is resolved, so the `model` label is always a known id.
+    """
+    metrics: Metrics = request.app.state.metrics
+    ledger: Ledger = request.app.state.ledger
+    record = partial(ledger.record, model, key_label(request.headers.get("authorization")), data.user or "")
+    return chat_relay.Completion(model, metrics.timer(model, time.perf_counter()), record)
 
 
 @post("/v1/chat/completions", status_code=200)
@@ -20,19 +42,24 @@ async def chat_completions(request: Request, data: ChatRequest) -> Response[Chat
     store: ModelStore = request.app.state.store
     pool: WorkerPool = request.app.state.pool
     entry = store.resolve(data.model)
-    worker = await pool.get(pool.key_for(entry, data.nctx, data.compute, data.ngl), entry)
+    completion = _accounted(request, data, entry.id)  # a warm-up never settles it: not counted
+    worker = await completion.guard(pool.get(pool.key_for(entry, data.nctx, data.compute, data.ngl), entry))
+    structlog.contextvars.bind_contextvars(model=entry.id, worker_pid=worker.pid)
+    if data.keep_alive is not None:
+        worker.keepalive = data.keep_alive
     if not data.messages:  # warm-up: load the model, answer null
         await worker.warmup()
         return Response(content=b"null", media_type="application/json")
-    fields = generate_fields(data, current_request_id() or "")
-    completion = chat_relay.Completion(entry.id)
+    fields = generate_fields(data, current_request_id() or "", store)
+    fields["keep_cache"] = _header_true(request, KEEP_CACHE_HEADER)
+    completion.speculative = fields["speculation"] is not None
     stream = worker.generate(**fields)
+    if not data.stream:
+        return Response(await completion.guard(unless_disconnected(request, chat_relay.collect(completion, stream))))
     # The first message decides the status: a refused prompt is a 400, not a broken stream.
-    first = await anext(stream)
-    if data.stream:
-        include_usage = bool(data.stream_options and data.stream_options.include_usage)
-        return ServerSentEvent(chat_relay.sse(completion, first, stream, include_usage))
-    return Response(await chat_relay.collect(completion, first, stream))
+    first = await completion.guard(anext(stream))
+    include_usage = bool(data.stream_options and data.stream_options.include_usage)
+    return ServerSentEvent(chat_relay.sse(completion, first, stream, include_usage))
 
 
 handlers = [chat_completions]

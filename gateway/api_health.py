@@ -23,6 +23,8 @@ class WorkerInfo(msgspec.Struct):
     parallel: int
     last_used_s_ago: float
     requests_served: int
+    tokens_generated: int
+    keepalive_s: float
     exit_reason: str | None = None
 
 
@@ -38,9 +40,12 @@ async def health() -> dict[str, str]:
 
 @get("/ready")
 async def ready(request: Request) -> Response[dict[str, str]]:
-    if getattr(request.app.state, "ready", False):
+    state = request.app.state
+    if getattr(state, "draining", False):
+        return Response({"error": "draining: shutting down"}, status_code=503, headers={"Retry-After": "5"})
+    if getattr(state, "ready", False):
         return Response({"status": "ready"})
-    return Response({"error": "not ready"}, status_code=503, headers={"Retry-After": "1"})
+    return Response({"error": "starting: preloading models"}, status_code=503, headers={"Retry-After": "1"})
 
 
 @get("/v1", include_in_schema=False)
@@ -75,6 +80,8 @@ async def workers(request: Request) -> WorkerTable:
                 parallel=parallel,
                 last_used_s_ago=round(now - h.last_used, 3),
                 requests_served=h.requests_served,
+                tokens_generated=h.tokens_generated,
+                keepalive_s=pool.keepalive_of(h),
                 exit_reason=h.exit_reason,
             )
         )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
@@ -12,9 +13,10 @@ from litestar import Litestar, Request, Response
 from litestar.config.cors import CORSConfig
 from litestar.exceptions import HTTPException, ValidationException
 
-from gateway import api_chat, api_health, api_models
+from gateway import api_chat, api_health, api_models, api_ops, metrics
 from gateway.config import Settings
 from gateway.errors import GenieXError
+from gateway.ledger import Ledger
 from gateway.pool import WorkerPool
 from gateway.request_id import RequestIdMiddleware, current_request_id
 from gateway.store import ModelStore
@@ -62,21 +64,42 @@ def create_app(settings: Settings) -> Litestar:
         app.state.settings = settings
         app.state.store = ModelStore(settings.data_dir)
         app.state.pool = pool
-        app.state.ready = True
+        app.state.ledger = ledger = Ledger(settings.data_dir)
+        app.state.metrics = metrics.METRICS
+        metrics.METRICS.watch(pool)
         pool.start_reaper()
         notifier = SystemdNotifier()  # a no-op outside systemd
-        notifier.notify("READY=1")
+
+        async def preload() -> None:
+            for name in settings.preload:
+                try:
+                    entry = app.state.store.resolve(name)
+                    await pool.get(pool.key_for(entry, None, None, None), entry)
+                except Exception as exc:  # noqa: BLE001 - a bad preload must not stop the server
+                    log.error("preload failed", model=name, error=str(exc))
+            app.state.ready = True
+            notifier.notify("READY=1")
+
+        app.state.ready = False
+        preloading = asyncio.create_task(preload(), name="preload")
+        log.info("geniex serving", url=f"http://{settings.host}:{settings.port}/v1", data_dir=str(settings.data_dir),
+                 models=[e.id for e in app.state.store.list()])  # fmt: skip
         try:
             yield
         finally:
+            preloading.cancel()
             app.state.ready = False
             notifier.notify("STOPPING=1")
-            await pool.close(settings.drain_timeout)
+            try:
+                await pool.close(settings.drain_timeout)
+            finally:
+                metrics.METRICS.watch(None)
+                ledger.close()  # after the pool, so requests it cut short are counted too
             zctx.term()
 
     cors = CORSConfig(allow_origins=settings.origins) if settings.origins else None
     return Litestar(
-        route_handlers=[*api_chat.handlers, *api_models.handlers, *api_health.handlers],
+        route_handlers=[*api_chat.handlers, *api_models.handlers, *api_health.handlers, *api_ops.handlers],
         lifespan=[resources],
         middleware=[RequestIdMiddleware],
         cors_config=cors,

@@ -5,6 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 from gateway.errors import BadRequest
+from gateway.speculation import speculation_of
+from gateway.store import ModelStore
 from protocol.chat import ChatMessage, ChatRequest
 from protocol.wire import Sampling
 
@@ -16,7 +18,6 @@ _NOT_YET = {
     "grammar_string": "grammars",
     "grammar_path": "grammars",
     "logit_bias": "logit_bias",
-    "spec_type": "speculative decoding",
 }
 
 
@@ -70,8 +71,11 @@ def stop_list(stop: str | list[str] | None) -> list[str]:
     return [s for s in stops if s]
 
 
-def generate_fields(req: ChatRequest, log_id: str) -> dict[str, Any]:
-    """Keyword arguments for `Generate`, less the request id the worker handle assigns."""
+def generate_fields(req: ChatRequest, log_id: str, store: ModelStore) -> dict[str, Any]:
+    """Keyword arguments for `Generate`, less the request id the worker handle assigns.
+
+    `store` resolves a speculative request's draft model (`spec_draft_model`).
+    """
     _check_supported(req)
     template_vars: dict[str, Any] = {}
     if req.enable_think is not None:
@@ -84,4 +88,5 @@ def generate_fields(req: ChatRequest, log_id: str) -> dict[str, Any]:
         "max_tokens": req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens,
         "stop": stop_list(req.stop),
         "sampling": sampling_of(req),
+        "speculation": speculation_of(req, store),
     }

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
+import signal
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -46,6 +48,10 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
     a("--load-timeout", type=float, default=_env("load_timeout", 120.0, float))
     a("--preload", type=_csv, default=_env("preload", [], _csv), help="comma-separated models to load at start")
     a("--threads", type=int, default=_env("threads", 0, int), help="threads per worker (0: physical cores)")
+    a("--crash-limit", type=int, default=_env("crash_limit", 3, int),
+      help="crashes within --crash-window after which a model is refused for --crash-backoff (0: never)")  # fmt: skip
+    a("--crash-window", type=float, default=_env("crash_window", 60.0, float))
+    a("--crash-backoff", type=float, default=_env("crash_backoff", 30.0, float))
     p.set_defaults(func=_serve)
 
 
@@ -74,6 +80,9 @@ def _serve(args: argparse.Namespace) -> int:
         load_timeout=args.load_timeout,
         preload=args.preload,
         threads=args.threads,
+        crash_limit=args.crash_limit,
+        crash_window=args.crash_window,
+        crash_backoff=args.crash_backoff,
     )
     configure_logging(settings.log_level)
     app = create_app(settings)
@@ -87,17 +96,49 @@ def _serve(args: argparse.Namespace) -> int:
         timeout_graceful_shutdown=int(settings.drain_timeout) or None,
         server_header=False,
     )
-    uvicorn.Server(config).run()
+    _draining_server_class()(config, app).run()
     return 0
+
+
+def _draining_server_class():  # type: ignore[no-untyped-def]
+    import uvicorn
+
+    class DrainingServer(uvicorn.Server):
+        """On SIGTERM/SIGINT, /ready turns 503 at once; uvicorn then stops accepting,
+        lets in-flight requests finish (up to --drain-timeout), and the app's
+        lifespan stops the workers."""
+
+        def __init__(self, config: uvicorn.Config, app: Any) -> None:
+            super().__init__(config)
+            self._app = app
+
+        def handle_exit(self, sig: int, frame: Any) -> None:
+            self._app.state.draining = True
+            super().handle_exit(sig, frame)
+
+        @contextlib.contextmanager
+        def capture_signals(self) -> Iterator[None]:
+            # uvicorn re-raises the signal after shutting down; a completed drain is a
+            # clean stop, so exit 0 (systemd and supervisors read it that way too).
+            previous = {sig: signal.signal(sig, self.handle_exit) for sig in (signal.SIGINT, signal.SIGTERM)}
+            try:
+                yield
+            finally:
+                for sig, handler in previous.items():
+                    signal.signal(sig, handler)
+
+    return DrainingServer
 
 
 def main(argv: list[str] | None = None) -> int:
     from gateway.models_cli import add_model_commands
+    from gateway.usage_cli import add_usage_command
 
     parser = argparse.ArgumentParser(prog="geniex", description="GenieX Server: local OpenAI-compatible inference")
     sub = parser.add_subparsers(dest="command", required=True)
     _add_serve(sub)
     add_model_commands(sub)
+    add_usage_command(sub)
     args = parser.parse_args(argv)
     return int(args.func(args) or 0)
 

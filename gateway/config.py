@@ -32,7 +32,10 @@ class Settings(msgspec.Struct, kw_only=True):
     drain_timeout: float = 30.0
     load_timeout: float = 120.0
     preload: list[str] = []
-    threads: int = 0  # 0: llama.cpp's choice
+    threads: int = 0  # 0: physical cores
+    crash_limit: int = 3  # crashes within crash_window that trigger a backoff; 0 disables it
+    crash_window: float = 60.0
+    crash_backoff: float = 30.0
 
 
 def split_host(value: str) -> tuple[str, int]:

@@ -44,6 +44,8 @@ class RequestIdMiddleware:
         finally:
             path = scope["path"]
             if path not in ("/health", "/ready", "/metrics"):
-                log.info("request", method=scope["method"], path=path, status=status,
+                bound = structlog.contextvars.get_contextvars()
+                outcome = bound.get("outcome") or ("ok" if 0 < status < 400 else "error")
+                log.info("request", method=scope["method"], path=path, status=status, outcome=outcome,
                          ms=round((time.perf_counter() - t0) * 1000, 1))  # fmt: skip
             structlog.contextvars.clear_contextvars()

@@ -13,7 +13,7 @@ import os
 import signal
 import sys
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 import structlog
@@ -32,6 +32,7 @@ from protocol.wire import (
     Failed,
     Generate,
     Ready,
+    SetThreads,
     Shutdown,
     Warmup,
     gateway_codec,
@@ -70,8 +71,30 @@ class WorkerSpec:
         self.max_queue = max_queue
 
 
+class _Pending:
+    """One request in flight: where its replies go, and how far it has got."""
+
+    __slots__ = ("queue", "n_tokens")
+
+    def __init__(self) -> None:
+        self.queue: asyncio.Queue[object] = asyncio.Queue()
+        self.n_tokens = 0
+
+
+ExitCallback = Callable[["WorkerHandle", bool], None]
+IdleCallback = Callable[["WorkerHandle"], None]  # also used for "became busy"
+
+
 class WorkerHandle:
-    def __init__(self, spec: WorkerSpec, zctx: zmq.asyncio.Context, runtime_dir: Path) -> None:
+    def __init__(
+        self,
+        spec: WorkerSpec,
+        zctx: zmq.asyncio.Context,
+        runtime_dir: Path,
+        on_exit: ExitCallback | None = None,
+        on_idle: IdleCallback | None = None,
+        on_busy: IdleCallback | None = None,
+    ) -> None:
         self.spec = spec
         self.key = spec.key
         self.state = State.STARTING
@@ -81,9 +104,16 @@ class WorkerHandle:
         self.last_used = time.monotonic()
         self.requests_served = 0
         self.exit_reason: str | None = None
+        self.keepalive: float | None = None  # a request's `keep_alive` overrides --keepalive
+        self.tokens_generated = 0
+        self._on_exit = on_exit
+        self._on_idle = on_idle
+        self._on_busy = on_busy
+        self.threads: int | None = None  # the last SetThreads sent; None: the worker's own default
         self._codec = gateway_codec()
         self._ids = itertools.count(1)
-        self._queues: dict[int, asyncio.Queue[object]] = {}
+        self._queues: dict[int, _Pending] = {}
+        self._cancelled: dict[int, int] = {}  # req_id -> tokens relayed when the cancel was sent
         self._ready: asyncio.Future[Ready] = asyncio.get_running_loop().create_future()
         self._dying: str | None = None
         self._tasks: list[asyncio.Task[None]] = []
@@ -200,6 +230,8 @@ class WorkerHandle:
         self._pull.close(0)
         if self.state is State.STOPPING:
             self._move(State.STOPPED)
+            if self._on_exit is not None:
+                self._on_exit(self, False)
 
     @staticmethod
     async def _exited(proc: asyncio.subprocess.Process, timeout: float) -> bool:
@@ -228,6 +260,8 @@ class WorkerHandle:
             self._ready.exception()  # mark retrieved; start() re-raises it
         self._move(State.FAILED)
         self._fail_all(err)
+        if self._on_exit is not None:
+            self._on_exit(self, True)
         for t in self._tasks:
             if t is not asyncio.current_task():
                 t.cancel()
@@ -235,8 +269,8 @@ class WorkerHandle:
         self._pull.close(0)
 
     def _fail_all(self, err: GenieXError) -> None:
-        for q in self._queues.values():
-            q.put_nowait(err)
+        for p in self._queues.values():
+            p.queue.put_nowait(err)
         self._queues.clear()
 
     async def _read_replies(self) -> None:
@@ -244,12 +278,21 @@ class WorkerHandle:
         while True:
             raw = await self._pull.recv(copy=False)
             msg = decode(raw.buffer)
-            if isinstance(msg, (Delta, Done, Failed)):
-                q = self._queues.get(msg.req_id)
-                if q is not None:
-                    q.put_nowait(msg)
-                    if not isinstance(msg, Delta):
-                        del self._queues[msg.req_id]
+            if isinstance(msg, Delta):
+                p = self._queues.get(msg.req_id)
+                if p is not None:
+                    p.n_tokens = msg.n_tokens
+                    p.queue.put_nowait(msg)
+            elif isinstance(msg, (Done, Failed)):
+                p = self._queues.pop(msg.req_id, None)
+                if p is not None:
+                    p.queue.put_nowait(msg)
+                elif isinstance(msg, Done) and msg.req_id in self._cancelled:
+                    relayed = self._cancelled.pop(msg.req_id)
+                    self.log.info("cancel confirmed", relayed_tokens=relayed, generated_tokens=msg.completion_tokens,
+                                  overshoot=max(0, msg.completion_tokens - relayed))  # fmt: skip
+                if isinstance(msg, Done):
+                    self.tokens_generated += msg.completion_tokens
             elif isinstance(msg, Ready):
                 if not self._ready.done():
                     self._ready.set_result(msg)
@@ -265,7 +308,7 @@ class WorkerHandle:
         except zmq.ZMQError:
             pass  # a dead worker is reported by the monitor, with its real cause
 
-    def _admit(self) -> tuple[int, asyncio.Queue[object]]:
+    def _admit(self) -> tuple[int, _Pending]:
         if self.state is not State.READY:
             raise WorkerDied(f"worker for {self.key.model} is {self.status}")
         assert self.ready_info is not None
@@ -275,39 +318,56 @@ class WorkerHandle:
                 f"{self.spec.max_queue} queued); retry shortly"
             )
         req_id = next(self._ids)
-        q: asyncio.Queue[object] = asyncio.Queue()
-        self._queues[req_id] = q
+        became_busy = not self._queues
+        pending = self._queues[req_id] = _Pending()
+        if became_busy and self._on_busy is not None:
+            self._on_busy(self)
         self.last_used = time.monotonic()
-        return req_id, q
+        return req_id, pending
+
+    def set_threads(self, n: int) -> None:
+        if n != self.threads:
+            self.threads = n
+            self._send(SetThreads(n))
 
     def cancel(self, req_id: int) -> None:
         """Safe to call from a `finally` during cancellation: it never awaits."""
-        if self._queues.pop(req_id, None) is not None:
+        pending = self._queues.pop(req_id, None)
+        if pending is not None:
+            if len(self._cancelled) > 1024:  # acknowledgements lost to a dead worker
+                self._cancelled.clear()
+            self._cancelled[req_id] = pending.n_tokens
             self._send(Cancel(req_id))
 
     async def warmup(self) -> None:
-        req_id, q = self._admit()
+        req_id, pending = self._admit()
         self._send(Warmup(req_id))
-        await self._next(q)
+        await self._next(pending.queue)
 
     async def generate(self, **fields: object) -> AsyncIterator[Delta | Done]:
         """Yield this request's Deltas and its final Done; raise for Failed or a dead worker."""
-        req_id, q = self._admit()
+        req_id, pending = self._admit()
         finished = False
         try:
             self._send(Generate(req_id=req_id, **fields))  # type: ignore[arg-type]
             while True:
-                msg = await self._next(q)
+                msg = await self._next(pending.queue)
                 if isinstance(msg, Done):
                     finished = True
                     self.requests_served += 1
+                    self._left()
                     yield msg
                     return
-                yield msg  # type: ignore[misc]
+                yield msg
         finally:
-            self.last_used = time.monotonic()
             if not finished:
                 self.cancel(req_id)
+                self._left()
+
+    def _left(self) -> None:
+        self.last_used = time.monotonic()
+        if not self._queues and self._on_idle is not None:
+            self._on_idle(self)
 
     @staticmethod
     async def _next(q: asyncio.Queue[object]) -> Delta | Done:

@@ -107,6 +107,9 @@ class ChatRequest(msgspec.Struct, kw_only=True):
     logit_bias: dict[str, float] | None = None
     spec_type: str | None = None
     spec_draft_model: str | None = None
+    spec_n_max: PositiveInt | None = None  # None: 3
+    spec_n_min: Annotated[int, Meta(ge=0)] | None = None  # 0/None: no minimum draft length
+    spec_p_min: Unit | None = None  # 0/None: no draft-probability cut-off
 
 
 class AssistantMessage(msgspec.Struct):
@@ -121,10 +124,23 @@ class Choice(msgspec.Struct):
     logprobs: None = None
 
 
-class Usage(msgspec.Struct):
+class PromptTokensDetails(msgspec.Struct):
+    cached_tokens: int = 0
+
+
+class CompletionTokensDetails(msgspec.Struct):
+    """OpenAI's names for the draft tokens the model confirmed and refused."""
+
+    accepted_prediction_tokens: int = 0
+    rejected_prediction_tokens: int = 0
+
+
+class Usage(msgspec.Struct, omit_defaults=True):
     prompt_tokens: int
     completion_tokens: int
     total_tokens: int
+    prompt_tokens_details: PromptTokensDetails | None = None  # set when a KeepCache turn reused KV
+    completion_tokens_details: CompletionTokensDetails | None = None  # set when the request speculated
 
 
 class ChatCompletion(msgspec.Struct):

@@ -30,6 +30,21 @@ class Sampling(msgspec.Struct, array_like=True, omit_defaults=True, frozen=True)
     seed: int | None = None
 
 
+class Speculation(msgspec.Struct, array_like=True, omit_defaults=True, frozen=True):
+    """Speculative decoding for one request, validated by the gateway.
+
+    `type` is one the worker implements (ngram-simple, ngram-map-k, draft-simple);
+    `n_min`/`p_min` of 0 mean "no lower bound"; `draft_path` is the canonical path
+    of the draft GGUF for draft-* types (already checked to lie in an allowed folder).
+    """
+
+    type: str
+    n_max: int = 3
+    n_min: int = 0
+    p_min: float = 0.0
+    draft_path: str = ""
+
+
 class Generate(msgspec.Struct, tag="generate", array_like=True, omit_defaults=True):
     """One generation request. Exactly one of `messages` (chat) or `prompt` (raw text) is set."""
 
@@ -42,6 +57,7 @@ class Generate(msgspec.Struct, tag="generate", array_like=True, omit_defaults=Tr
     stop: list[str] = []
     sampling: Sampling = Sampling()
     keep_cache: bool = False
+    speculation: Speculation | None = None  # last: array_like, so older encoders stay valid
 
 
 class Warmup(msgspec.Struct, tag="warmup", array_like=True):
@@ -62,7 +78,15 @@ class Shutdown(msgspec.Struct, tag="shutdown", array_like=True):
     pass
 
 
-ToWorker = Generate | Warmup | Cancel | Ping | Shutdown
+class SetThreads(msgspec.Struct, tag="threads", array_like=True):
+    """How many threads to decode with from now on: the gateway shares the cores
+    between busy CPU workers, because spinning thread pools that outnumber the
+    cores stall each other to a crawl."""
+
+    n: int
+
+
+ToWorker = Generate | Warmup | Cancel | Ping | Shutdown | SetThreads
 
 
 class Ready(msgspec.Struct, tag="ready", array_like=True, omit_defaults=True):
@@ -96,6 +120,9 @@ class Done(msgspec.Struct, tag="done", array_like=True, gc=False, omit_defaults=
     prompt_tokens: int = 0
     completion_tokens: int = 0
     cached_tokens: int = 0
+    # Draft tokens the target model confirmed / refused (speculative requests only).
+    accepted_tokens: int = 0
+    rejected_tokens: int = 0
 
 
 class Failed(msgspec.Struct, tag="failed", array_like=True, omit_defaults=True):

@@ -16,7 +16,20 @@ import time
 import structlog
 import zmq
 
-from protocol.wire import Cancel, Done, Dying, Failed, FromWorker, Generate, Ping, Pong, Shutdown, Warmup, worker_codec
+from protocol.wire import (
+    Cancel,
+    Done,
+    Dying,
+    Failed,
+    FromWorker,
+    Generate,
+    Ping,
+    Pong,
+    SetThreads,
+    Shutdown,
+    Warmup,
+    worker_codec,
+)
 from workers.engines import Engine, EngineError
 
 log = structlog.get_logger("worker")
@@ -69,12 +82,14 @@ class WorkerServer:
                 except EngineError as exc:
                     self.send(Failed(msg.req_id, exc.status, exc.message, exc.code))
             case Cancel():
-                self.engine.cancel(msg.req_id)
+                self.engine.cancel(msg.req_id, self.send)
             case Warmup():
                 self.send(Done(msg.req_id, "stop"))
             case Ping():
                 running, waiting, generated = self.engine.stats()
                 self.send(Pong(msg.nonce, running, waiting, generated))
+            case SetThreads():
+                self.engine.set_threads(msg.n)
             case Shutdown():
                 self.running = False
 

@@ -34,8 +34,8 @@ class Engine(Protocol):
         """Queue a request; raise EngineError for one that can never be served."""
         ...
 
-    def cancel(self, req_id: int) -> None:
-        """Drop a request, queued or running; its Done(finish_reason="cancelled") follows."""
+    def cancel(self, req_id: int, emit: Emit) -> None:
+        """Drop a request, queued or running, and emit its Done(finish_reason="cancelled")."""
         ...
 
     def has_work(self) -> bool: ...
@@ -46,6 +46,10 @@ class Engine(Protocol):
 
     def stats(self) -> tuple[int, int, int]:
         """(running, waiting, tokens generated since start)."""
+        ...
+
+    def set_threads(self, n: int) -> None:
+        """Decode with `n` threads from the next step on (engines without threads ignore it)."""
         ...
 
     def close(self) -> None: ...

@@ -11,6 +11,16 @@ every request gets the full context it asked for. A unified cache gives wrong
 logits when several prompts share a decode (see LLAMA_NOTES.md), and splitting
 `nctx` across slots would make a prompt that fits `nctx` fail only under load.
 The cost is KV memory of `nctx * parallel` tokens; `--parallel` bounds it.
+
+Speculative decoding (a request's `speculation`): before the batch is built, each
+speculating slot gets a draft (from an n-gram drafter or a draft model, see
+`workers/drafters.py` and `llama_draft.py`); the slot then puts its last token and
+the whole draft into the batch with logits on every row, and `_verify` samples the
+rows in order with the slot's own chain, emitting tokens while they match the
+draft. The first mismatch is still emitted (it is what the target samples at that
+point), and the KV of the refused draft positions is removed. Each emitted token
+costs exactly one sampler call on the right context, so the output is the same as
+without speculation, greedy or seeded. Slots without speculation never touch any of it.
 """
 
 from __future__ import annotations
@@ -25,15 +35,18 @@ import llama_cpp as L
 import psutil
 import structlog
 
-from protocol.wire import PROTOCOL_VERSION, Delta, Done, Failed, Generate, Ready, Sampling
+from protocol.wire import PROTOCOL_VERSION, Delta, Done, Failed, Generate, Ready, Sampling, Speculation
 from workers.chat_template import ChatTemplate, TemplateError
+from workers.drafters import NGRAM_DRAFTERS, make_drafter
 from workers.engines import Emit, EngineError, EngineOptions
+from workers.engines.llama_draft import DraftModel, SpecState
 from workers.text_stream import TextStream
 
 log = structlog.get_logger("worker.llama")
 
 N_BATCH = 512  # tokens per decode step, decode tokens first, then prompt chunks
 DEFAULT_MAX_TOKENS = 2048  # the spec's default for max_completion_tokens
+DRAFT_MODEL_TYPES = ("draft-simple",)
 
 
 @dataclass
@@ -50,6 +63,11 @@ class Slot:
     sampler: ctypes.c_void_p | None = None
     text: TextStream | None = None
     started: float = 0.0
+    n_cached: int = 0  # prompt tokens whose KV was reused from the previous turn
+    # Tokens whose KV this slot holds, kept after a GenieX-KeepCache request so the
+    # next turn of the same conversation only evaluates what is new.
+    history: list[int] = field(default_factory=list)
+    spec: SpecState | None = None  # set only for a request that speculates
 
 
 class LlamaEngine:
@@ -61,6 +79,7 @@ class LlamaEngine:
         L.llama_log_set(_silent_log, ctypes.c_void_p(0))
         mparams = L.llama_model_default_params()
         mparams.n_gpu_layers = (999 if opts.ngl < 0 else opts.ngl) if opts.compute == "gpu" else 0
+        self.n_gpu_layers = mparams.n_gpu_layers
         model = L.llama_model_load_from_file(opts.model_path.encode(), mparams)
         if not model:
             raise EngineError(f"llama.cpp could not load {opts.model_path}", status=500)
@@ -80,6 +99,7 @@ class LlamaEngine:
         threads = opts.threads or psutil.cpu_count(logical=False) or os.cpu_count() or 1
         cparams.n_threads = threads
         cparams.n_threads_batch = threads
+        self.threads = self.max_threads = threads
         cparams.no_perf = True
         ctx = L.llama_init_from_model(model, cparams)
         if not ctx:
@@ -99,6 +119,12 @@ class LlamaEngine:
         self.waiting: deque[tuple[Generate, list[int]]] = deque()
         self.tokens_generated = 0
         self._piece_buf = ctypes.create_string_buffer(256)
+        # Speculation: draft models loaded on first use (by canonical path), how many slots
+        # speculate (0 keeps the step free of any draft work), and the most draft tokens a
+        # slot may add so that every running slot's rows always fit one batch.
+        self.draft_models: dict[str, DraftModel] = {}
+        self.n_speculating = 0
+        self.draft_cap = N_BATCH // self.parallel - 1
         self.load_seconds = time.perf_counter() - t0
 
     # ---- Engine interface --------------------------------------------------
@@ -122,6 +148,8 @@ class LlamaEngine:
         )
 
     def submit(self, req: Generate) -> None:
+        if req.speculation is not None:
+            self._check_speculation(req.speculation)
         tokens = self._prompt_tokens(req)
         if len(tokens) >= self.nctx:
             raise EngineError(
@@ -131,14 +159,18 @@ class LlamaEngine:
             )
         self.waiting.append((req, tokens))
 
-    def cancel(self, req_id: int) -> None:
+    def cancel(self, req_id: int, emit: Emit) -> None:
         for i, (req, _) in enumerate(self.waiting):
             if req.req_id == req_id:
                 del self.waiting[i]
+                emit(Done(req_id, "cancelled"))
                 return
         for slot in self.slots:
             if slot.req is not None and slot.req.req_id == req_id:
                 log.info("cancelled", request_id=slot.req.log_id, generated=slot.n_gen)
+                acc, rej = (slot.spec.accepted, slot.spec.rejected) if slot.spec else (0, 0)
+                emit(Done(req_id, "cancelled", prompt_tokens=slot.n_prompt, completion_tokens=slot.n_gen,
+                          accepted_tokens=acc, rejected_tokens=rej))  # fmt: skip
                 self._release(slot)
                 return
 
@@ -148,9 +180,21 @@ class LlamaEngine:
     def stats(self) -> tuple[int, int, int]:
         return sum(s.req is not None for s in self.slots), len(self.waiting), self.tokens_generated
 
+    def set_threads(self, n: int) -> None:
+        n = max(1, min(n, self.max_threads))
+        if n != self.threads:
+            L.llama_set_n_threads(self.ctx, n, n)
+            for draft in self.draft_models.values():  # drafts run in the same loop, on the same cores
+                L.llama_set_n_threads(draft.ctx, n, n)
+            log.info("threads changed", old=self.threads, new=n)
+            self.threads = n
+
     def close(self) -> None:
         for slot in self.slots:
             self._release(slot)
+        for draft in self.draft_models.values():
+            draft.close()
+        self.draft_models.clear()
         L.llama_batch_free(self.batch)
         L.llama_free(self.ctx)
         L.llama_model_free(self.model)
@@ -159,15 +203,22 @@ class LlamaEngine:
 
     def step(self, emit: Emit) -> None:
         self._admit()
+        if self.n_speculating:
+            self._make_drafts()
         batch = self.batch
         n = 0
-        # Running sequences first: one token each, so they never wait behind a prompt.
+        # Running sequences first: one token each (plus a draft to verify), so they never
+        # wait behind a prompt.
         for slot in self.slots:
             slot.row = -1
             if slot.req is not None and not slot.pending_prompt:
                 n = self._put(n, slot.last_token, slot.n_past, slot.seq, True)
                 slot.row = n - 1
                 slot.n_past += 1
+                if slot.spec is not None and slot.spec.draft:
+                    for tok in slot.spec.draft:
+                        n = self._put(n, tok, slot.n_past, slot.seq, True)
+                        slot.n_past += 1
         # Then prompt chunks, as much as the batch holds.
         for slot in self.slots:
             if slot.req is None or not slot.pending_prompt or n >= N_BATCH:
@@ -192,7 +243,10 @@ class LlamaEngine:
             return
         for slot in self.slots:
             if slot.req is not None and slot.row >= 0:
-                self._sample(slot, emit)
+                if slot.spec is not None and slot.spec.draft:
+                    self._verify(slot, emit)
+                else:
+                    self._sample(slot, emit)
 
     def _put(self, n: int, token: int, pos: int, seq: int, logits: bool) -> int:
         b = self.batch
@@ -204,63 +258,187 @@ class LlamaEngine:
         return n + 1
 
     def _sample(self, slot: Slot, emit: Emit) -> None:
+        self._take(slot, L.llama_sampler_sample(slot.sampler, self.ctx, slot.row), emit)
+
+    def _take(self, slot: Slot, tok: int, emit: Emit) -> bool:
+        """Emit one sampled token; False when it ended the generation (the slot is released)."""
         req = slot.req
         assert req is not None and slot.text is not None
-        tok = L.llama_sampler_sample(slot.sampler, self.ctx, slot.row)
         slot.n_gen += 1
         self.tokens_generated += 1
         if L.llama_vocab_is_eog(self.vocab, tok):
             slot.n_gen -= 1  # the end-of-generation token is not part of the answer
-            return self._finish(slot, "stop", emit)
+            self._finish(slot, "stop", emit)
+            return False
         text = slot.text.feed(self._piece(tok))
         if slot.text.stopped:
             if text:
                 emit(Delta(req.req_id, text, slot.n_gen))
-            return self._finish(slot, "stop", emit, flush=False)
+            self._finish(slot, "stop", emit, flush=False)
+            return False
         if text:
             emit(Delta(req.req_id, text, slot.n_gen))
         if slot.n_gen >= slot.max_tokens:
-            return self._finish(slot, "length", emit)
+            self._finish(slot, "length", emit)
+            return False
         slot.last_token = tok
+        slot.history.append(tok)
+        return True
+
+    # ---- speculation -------------------------------------------------------
+
+    def _check_speculation(self, spec: Speculation) -> None:
+        """Refuse what the worker cannot do (the gateway checks first; this guards the wire)."""
+        if spec.type in DRAFT_MODEL_TYPES:
+            self._draft_model(spec.draft_path)
+        elif spec.type not in NGRAM_DRAFTERS:
+            raise EngineError(f"`spec_type`: {spec.type!r} is not supported by this worker")
+
+    def _draft_model(self, path: str) -> DraftModel:
+        """The draft model at `path`, loaded on first use and kept for later requests."""
+        draft = self.draft_models.get(path)
+        if draft is None:
+            if not path or not os.path.isfile(path):
+                raise EngineError(f"`spec_draft_model`: no model file at {path!r}")
+            t0 = time.perf_counter()
+            draft = DraftModel(path, n_gpu_layers=self.n_gpu_layers, nctx=self.nctx, parallel=self.parallel,
+                               threads=self.threads, n_batch=N_BATCH)  # fmt: skip
+            try:
+                draft.check_vocab(self.vocab, self.n_vocab)
+            except EngineError:
+                draft.close()
+                raise
+            log.info("draft model loaded", path=path, seconds=round(time.perf_counter() - t0, 3))
+            self.draft_models[path] = draft
+        return draft
+
+    def _make_drafts(self) -> None:
+        """Give each speculating, generating slot this step's draft (possibly none)."""
+        by_model: dict[DraftModel, list[tuple[int, list[int], int, SpecState]]] = {}
+        for slot in self.slots:
+            spec = slot.spec
+            if spec is None or slot.req is None or slot.pending_prompt:
+                continue
+            spec.draft = []
+            # Drafting past the token that ends by length would only be thrown away.
+            budget = min(spec.cfg.n_max, self.draft_cap, slot.max_tokens - slot.n_gen - 1)
+            if budget < max(1, spec.cfg.n_min):
+                continue
+            if spec.drafter is not None:
+                draft = spec.drafter.draft(slot.history, budget)
+                if len(draft) >= spec.cfg.n_min:
+                    spec.draft = draft
+            elif spec.model is not None:
+                by_model.setdefault(spec.model, []).append((slot.seq, slot.history, budget, spec))
+        for model, jobs in by_model.items():
+            model.draft(jobs)
+
+    def _verify(self, slot: Slot, emit: Emit) -> None:
+        """Sample the rows of [last_token, d1..dk] in order; keep the draft while it matches."""
+        spec = slot.spec
+        assert spec is not None
+        draft, spec.draft = spec.draft, []
+        k = len(draft)
+        base = slot.n_past - k - 1  # the position of last_token
+        acc0, rej0 = spec.accepted, spec.rejected
+        accepted = 0
+        for i in range(k + 1):
+            tok = L.llama_sampler_sample(slot.sampler, self.ctx, slot.row + i)
+            hit = i < k and tok == draft[i]
+            accepted += hit
+            # Before _take: it may finish the request, and Done carries these counts. The KV
+            # is valid up to last_token + the i draft tokens confirmed before this row.
+            spec.accepted, spec.rejected = acc0 + accepted, rej0 + k - accepted
+            slot.n_past = base + 1 + i
+            if not self._take(slot, tok, emit):
+                return
+            if not hit:
+                break
+        slot.n_past = base + 1 + accepted
+        if accepted < k:
+            L.llama_memory_seq_rm(self.mem, slot.seq, slot.n_past, -1)
+        if spec.model is not None:
+            spec.model.commit(slot.seq, spec, accepted)
 
     def _finish(self, slot: Slot, reason: str, emit: Emit, *, flush: bool = True) -> None:
         req = slot.req
         assert req is not None and slot.text is not None
         if flush and (rest := slot.text.flush()):
             emit(Delta(req.req_id, rest, slot.n_gen))
-        emit(Done(req.req_id, reason, prompt_tokens=slot.n_prompt, completion_tokens=slot.n_gen))
+        acc, rej = (slot.spec.accepted, slot.spec.rejected) if slot.spec else (0, 0)
+        emit(Done(req.req_id, reason, prompt_tokens=slot.n_prompt, completion_tokens=slot.n_gen,
+                  cached_tokens=slot.n_cached, accepted_tokens=acc, rejected_tokens=rej))  # fmt: skip
         secs = time.perf_counter() - slot.started
+        extra = {"spec": slot.spec.cfg.type, "accepted": acc, "rejected": rej} if slot.spec else {}
         log.info("generation done", request_id=req.log_id, finish=reason, prompt_tokens=slot.n_prompt,
-                 completion_tokens=slot.n_gen, seconds=round(secs, 3))  # fmt: skip
+                 completion_tokens=slot.n_gen, seconds=round(secs, 3), **extra)  # fmt: skip
         self._release(slot)
 
     # ---- slots -------------------------------------------------------------
 
     def _admit(self) -> None:
-        for slot in self.slots:
-            if not self.waiting:
+        while self.waiting:
+            free = [s for s in self.slots if s.req is None]
+            if not free:
                 return
-            if slot.req is not None:
-                continue
             req, tokens = self.waiting.popleft()
-            L.llama_memory_seq_rm(self.mem, slot.seq, -1, -1)
+            slot, reuse = self._pick_slot(free, tokens, req.keep_cache)
+            # Keep the KV of the shared prefix, drop the rest; at least one prompt
+            # token must be evaluated so there are logits to sample from.
+            reuse = min(reuse, len(tokens) - 1)
+            L.llama_memory_seq_rm(self.mem, slot.seq, reuse, -1)
             slot.req = req
-            slot.pending_prompt = tokens
+            slot.history = list(tokens)
+            slot.pending_prompt = tokens[reuse:]
             slot.n_prompt = len(tokens)
-            slot.n_past = 0
+            slot.n_cached = reuse
+            slot.n_past = reuse
             slot.n_gen = 0
             room = self.nctx - len(tokens)
             wanted = req.max_tokens if req.max_tokens is not None else DEFAULT_MAX_TOKENS
             slot.max_tokens = max(1, min(wanted, room))
             slot.sampler = self._sampler(req.sampling)
             slot.text = TextStream(req.stop)
+            if req.speculation is not None:
+                slot.spec = self._spec_state(req.speculation)
+                self.n_speculating += 1
             slot.started = time.perf_counter()
+
+    @staticmethod
+    def _pick_slot(free: list[Slot], tokens: list[int], keep_cache: bool) -> tuple[Slot, int]:
+        """A KeepCache request takes the free slot sharing the longest prefix; others take
+        an empty slot if there is one, so that kept caches survive for their next turn."""
+        if keep_cache:
+            best, best_n = free[0], 0
+            for slot in free:
+                n = _common_prefix(slot.history, tokens)
+                if n > best_n:
+                    best, best_n = slot, n
+            return best, best_n
+        empty = [s for s in free if not s.history]
+        return (empty or free)[0], 0
+
+    def _spec_state(self, cfg: Speculation) -> SpecState:
+        if cfg.type in NGRAM_DRAFTERS:
+            return SpecState(cfg, drafter=make_drafter(cfg.type))
+        # Loaded by submit(); a draft model, once loaded, stays for the worker's life.
+        return SpecState(cfg, model=self._draft_model(cfg.draft_path))
 
     def _release(self, slot: Slot) -> None:
         if slot.sampler:
             L.llama_sampler_free(slot.sampler)
-        if slot.req is not None:
+        if slot.spec is not None:
+            if slot.spec.model is not None:
+                slot.spec.model.forget(slot.seq)  # the next request of this slot starts a fresh draft KV
+            slot.spec = None
+            self.n_speculating -= 1
+        keep = slot.req is not None and slot.req.keep_cache and not slot.pending_prompt
+        if not keep:
             L.llama_memory_seq_rm(self.mem, slot.seq, -1, -1)
+            slot.history = []
+        else:
+            # The last sampled token was never decoded, so its KV does not exist.
+            slot.history = slot.history[: slot.n_past]
         slot.req = None
         slot.sampler = None
         slot.text = None
@@ -327,6 +505,15 @@ class LlamaEngine:
         buf = ctypes.create_string_buffer(256)
         n = L.llama_token_to_piece(self.vocab, token, buf, 256, 0, True)
         return buf.raw[: max(n, 0)].decode(errors="replace")
+
+
+def _common_prefix(a: list[int], b: list[int]) -> int:
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
 
 
 def _meta(model: ctypes.c_void_p, key: str) -> str | None:

@@ -1,0 +1,98 @@
+"""How much RAM a worker will take, estimated before it loads: weights plus KV cache."""
+
+from __future__ import annotations
+
+import functools
+import os
+import struct
+
+import structlog
+
+log = structlog.get_logger("gateway.memory")
+
+# Compute buffers, the runtime, and the Python interpreter of the worker itself.
+WORKER_OVERHEAD = 160 * 1024 * 1024
+
+
+_SCALAR = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
+_STRING, _ARRAY = 8, 9
+_WANTED = (".block_count", ".embedding_length", ".attention.head_count", ".attention.head_count_kv",
+           ".attention.key_length", ".attention.value_length")  # fmt: skip
+
+
+def read_gguf_numbers(path: str) -> dict[str, float]:
+    """The scalar metadata of a GGUF header whose key ends with one of `_WANTED`.
+
+    A few dozen lines instead of `gguf.GGUFReader`, which parses every tensor and
+    the whole vocabulary with numpy and takes seconds on a large model.
+    """
+    out: dict[str, float] = {}
+    file_size = os.path.getsize(path)
+    with open(path, "rb") as f:
+        if f.read(4) != b"GGUF":
+            raise ValueError("not a GGUF file")
+        (version,) = struct.unpack("<I", f.read(4))
+        count_fmt = "<I" if version == 1 else "<Q"
+        size = struct.calcsize(count_fmt)
+        f.read(size)  # tensor count
+        (n_kv,) = struct.unpack(count_fmt, f.read(size))
+
+        def string() -> bytes:
+            (n,) = struct.unpack(count_fmt, f.read(size))
+            if n > file_size - f.tell():
+                raise ValueError("corrupt GGUF header: a string runs past the end of the file")
+            return f.read(n)
+
+        def skip(vtype: int) -> None:
+            if vtype == _STRING:
+                string()
+            elif vtype == _ARRAY:
+                (etype,) = struct.unpack("<I", f.read(4))
+                (n,) = struct.unpack(count_fmt, f.read(size))
+                if n > file_size - f.tell():
+                    raise ValueError("corrupt GGUF header: an array runs past the end of the file")
+                if etype in _SCALAR:
+                    f.seek(n * struct.calcsize(_SCALAR[etype]), 1)
+                else:
+                    for _ in range(n):
+                        skip(etype)
+            else:
+                f.seek(struct.calcsize(_SCALAR[vtype]), 1)
+
+        for _ in range(n_kv):
+            key = string().decode(errors="replace")
+            (vtype,) = struct.unpack("<I", f.read(4))
+            if vtype in _SCALAR and key.endswith(_WANTED):
+                (out[key],) = struct.unpack(_SCALAR[vtype], f.read(struct.calcsize(_SCALAR[vtype])))
+            else:
+                skip(vtype)
+    return out
+
+
+@functools.lru_cache(maxsize=64)
+def _kv_bytes_per_token(path: str, mtime: float) -> int:
+    """K and V in f16 for every layer: n_layer * n_head_kv * (key_len + value_len) * 2 bytes."""
+    try:
+        meta = read_gguf_numbers(path)
+    except (OSError, ValueError, struct.error, KeyError) as exc:
+        log.warning("could not read GGUF metadata for a memory estimate", path=path, error=str(exc))
+        return 0
+
+    def value(suffix: str, default: float) -> int:
+        return int(next((v for k, v in meta.items() if k.endswith(suffix)), default))
+
+    n_embd = value(".embedding_length", 0)
+    n_head = value(".attention.head_count", 1) or 1
+    k_len = value(".attention.key_length", n_embd // n_head)
+    v_len = value(".attention.value_length", k_len)
+    return value(".block_count", 0) * value(".attention.head_count_kv", n_head) * (k_len + v_len) * 2
+
+
+def estimate_worker_bytes(path: str, total_ctx_tokens: int) -> int:
+    try:
+        size = os.path.getsize(path)
+        mtime = os.path.getmtime(path)
+    except OSError:
+        return WORKER_OVERHEAD
+    per_token = _kv_bytes_per_token(path, mtime) if path.endswith(".gguf") else 0
+    return size + per_token * total_ctx_tokens + WORKER_OVERHEAD

@@ -1,0 +1,244 @@
+"""Prometheus metrics for `GET /metrics`, named the way llama.cpp and vLLM name theirs.
+
+Dashboards built for `llamacpp:*` or `vllm:*` read these as they are; every series carries a
+`model` label (a resolved model id, so its cardinality is bounded by the model store, never by
+what clients type). Gauges are computed at scrape time from the pool, so nothing on the request
+path keeps them up to date. Counters and histograms are written once per request, in
+`RequestTimer.finish`; on the relay's per-token path metrics add one integer test.
+
+`pool.py` and `worker_handle.py` call `worker_started/worker_crashed/worker_evicted`; this
+module imports neither (they import it), so the pool is seen only through small Protocols.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator, Mapping
+from typing import Any, Protocol
+
+import psutil
+from prometheus_client import CollectorRegistry, Counter, Histogram, ProcessCollector
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+OUTCOMES = ("ok", "error", "cancelled")
+
+# A local server answers in milliseconds to minutes: a cold start puts model loading into TTFT,
+# and a long answer on a laptop CPU can run for minutes.
+TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0, 160.0, 320.0)
+TPOT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 1.0, 2.5)
+E2E_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1200.0)
+
+
+class ReadyLike(Protocol):
+    parallel: int
+
+
+class WorkerLike(Protocol):
+    """What the scrape reads from a `WorkerHandle`."""
+
+    key: Any  # WorkerKey: `.model`, `.slug`
+    ready_info: ReadyLike | None
+
+    @property
+    def inflight(self) -> int: ...
+    @property
+    def pid(self) -> int | None: ...
+    @property
+    def status(self) -> str: ...
+
+
+class PoolLike(Protocol):
+    @property
+    def workers(self) -> Mapping[Any, WorkerLike]: ...
+
+
+class _ModelSeries:
+    """The labelled children of one model, looked up once: `.labels()` costs a lock and a dict."""
+
+    __slots__ = ("prompt", "generated", "ttft", "tpot", "e2e", "outcome")
+
+    def __init__(self, m: Metrics, model: str) -> None:
+        self.prompt = (m.prompt_tokens.labels(model), m.vllm_prompt_tokens.labels(model))
+        self.generated = (m.tokens_predicted.labels(model), m.vllm_generation_tokens.labels(model))
+        self.ttft = m.ttft.labels(model)
+        self.tpot = m.tpot.labels(model)
+        self.e2e = m.e2e.labels(model)
+        self.outcome = {o: m.requests.labels(model, o) for o in OUTCOMES}
+        # Zero-valued series from the first request on, so `rate()` and alerts see a model's
+        # lifecycle counters before the first crash rather than a missing series.
+        for c in (m.worker_starts, m.worker_crashes, m.worker_evictions):
+            c.labels(model)
+
+
+class Metrics:
+    """One registry (not prometheus-client's global one) and every series the gateway exports."""
+
+    def __init__(self, *, process: bool = True) -> None:
+        r = self.registry = CollectorRegistry()
+        self.prompt_tokens = Counter("llamacpp:prompt_tokens", "Prompt tokens processed.", ["model"], registry=r)
+        self.tokens_predicted = Counter("llamacpp:tokens_predicted", "Tokens generated.", ["model"], registry=r)
+        self.vllm_prompt_tokens = Counter("vllm:prompt_tokens", "Prompt tokens processed.", ["model"], registry=r)
+        self.vllm_generation_tokens = Counter("vllm:generation_tokens", "Tokens generated.", ["model"], registry=r)
+        self.ttft = Histogram("vllm:time_to_first_token_seconds",
+                              "Request arrival to first generated text (includes queueing and a cold model load).",
+                              ["model"], buckets=TTFT_BUCKETS, registry=r)  # fmt: skip
+        self.tpot = Histogram("vllm:time_per_output_token_seconds",
+                              "Mean time per output token after the first, one observation per request "
+                              "(what vLLM v1 calls request_time_per_output_token_seconds).",
+                              ["model"], buckets=TPOT_BUCKETS, registry=r)  # fmt: skip
+        self.e2e = Histogram("vllm:e2e_request_latency_seconds", "Request arrival to last token, successful requests.",
+                             ["model"], buckets=E2E_BUCKETS, registry=r)  # fmt: skip
+        self.requests = Counter("geniex:requests", "Chat requests by outcome (ok, error, cancelled).",
+                                ["model", "outcome"], registry=r)  # fmt: skip
+        self.worker_starts = Counter("geniex:worker_starts", "Worker processes started.", ["model"], registry=r)
+        self.worker_crashes = Counter("geniex:worker_crashes", "Worker processes that died unasked.", ["model"], registry=r)
+        self.worker_evictions = Counter("geniex:worker_evictions", "Workers stopped to free memory or slots.",
+                                        ["model"], registry=r)  # fmt: skip
+        r.register(_PoolCollector(self))
+        if process:  # process_resident_memory_bytes and friends, for the gateway itself
+            ProcessCollector(registry=r)
+        self.pool: PoolLike | None = None
+        self._series: dict[str, _ModelSeries] = {}
+
+    def watch(self, pool: PoolLike | None) -> None:
+        """Scrape-time gauges read this pool; the app binds it in its lifespan."""
+        self.pool = pool
+
+    def series(self, model: str) -> _ModelSeries:
+        s = self._series.get(model)
+        if s is None:
+            s = self._series[model] = _ModelSeries(self, model)
+        return s
+
+    def timer(self, model: str, started: float | None = None) -> RequestTimer:
+        return RequestTimer(self.series(model), started)
+
+
+class RequestTimer:
+    """Times one chat request. `first_token()` once, `finish()` once; `token()` is optional.
+
+    Inter-token latency is aggregated at `finish` as (last - first) / (tokens - 1) and observed
+    once per request, not per Delta: per-Delta observation would put a clock read plus a
+    histogram lock and bucket search (~1 µs) on the relay's per-token path. The price is that
+    a stall inside one request (say, while another request's prompt is prefilled) raises that
+    request's mean instead of showing as its own tail sample. The relay already counts tokens
+    for `usage`, so it hands the final count to `finish` and calls nothing per token.
+    """
+
+    __slots__ = ("_s", "started", "first", "tokens", "_done")
+
+    def __init__(self, series: _ModelSeries, started: float | None = None) -> None:
+        self._s = series
+        self.started = time.perf_counter() if started is None else started
+        self.first = 0.0
+        self.tokens = 0
+        self._done = False
+
+    def first_token(self) -> None:
+        if not self.first:
+            self.first = time.perf_counter()
+
+    def token(self, n: int) -> None:
+        """Cumulative generated count; O(1), no clock. For relays that do not count on their own."""
+        self.tokens = n
+
+    def finish(self, prompt_tokens: int, completion_tokens: int | None, outcome: str) -> None:
+        """Record the request once; later calls are ignored (a relay may reach two exits)."""
+        if self._done:
+            return
+        self._done = True
+        now = time.perf_counter()
+        s = self._s
+        generated = self.tokens if completion_tokens is None else completion_tokens
+        if prompt_tokens > 0:
+            for c in s.prompt:
+                c.inc(prompt_tokens)
+        if generated > 0:
+            for c in s.generated:
+                c.inc(generated)
+            if not self.first:  # the answer came whole in its final message
+                self.first = now
+        s.outcome.get(outcome, s.outcome["error"]).inc()
+        if self.first:
+            s.ttft.observe(self.first - self.started)
+            if generated > 1:
+                s.tpot.observe((now - self.first) / (generated - 1))
+        if outcome == "ok":  # a refused or cut-short request's latency would only blur the picture
+            s.e2e.observe(now - self.started)
+
+
+class _PoolCollector(Collector):
+    """Scrape-time gauges from the live pool: request slots in use, queue depth, worker memory."""
+
+    def __init__(self, metrics: Metrics) -> None:
+        self._m = metrics
+
+    def describe(self) -> Iterator[Metric]:
+        return iter(self._families())
+
+    def collect(self) -> Iterator[Metric]:
+        pool = self._m.pool
+        workers = list(pool.workers.values()) if pool is not None else []
+        fams = self._families()
+        processing, deferred, running, waiting, rss, states = fams
+        per_model: dict[str, list[int]] = {}
+        per_state: dict[tuple[str, str], int] = {}  # several workers of one model may share a state
+        for h in workers:
+            model = h.key.model
+            parallel = h.ready_info.parallel if h.ready_info is not None else 0
+            inflight = h.inflight
+            run = min(inflight, parallel)
+            acc = per_model.setdefault(model, [0, 0])
+            acc[0] += run
+            acc[1] += inflight - run
+            per_state[(model, h.status)] = per_state.get((model, h.status), 0) + 1
+            mem = _rss(h.pid)
+            if mem is not None:
+                rss.add_metric([model, h.key.slug, str(h.pid)], mem)
+        for model, (run, wait) in per_model.items():
+            processing.add_metric([model], run)
+            running.add_metric([model], run)
+            deferred.add_metric([model], wait)
+            waiting.add_metric([model], wait)
+        for (model, state), n in per_state.items():
+            states.add_metric([model, state], n)
+        return iter(fams)
+
+    @staticmethod
+    def _families() -> list[GaugeMetricFamily]:
+        return [
+            GaugeMetricFamily("llamacpp:requests_processing", "Requests decoding in a slot.", labels=["model"]),
+            GaugeMetricFamily("llamacpp:requests_deferred", "Requests admitted, waiting for a slot.", labels=["model"]),
+            GaugeMetricFamily("vllm:num_requests_running", "Requests decoding in a slot.", labels=["model"]),
+            GaugeMetricFamily("vllm:num_requests_waiting", "Requests admitted, waiting for a slot.", labels=["model"]),
+            GaugeMetricFamily("geniex:worker_resident_memory_bytes", "Resident memory of each worker process.",
+                              labels=["model", "worker", "pid"]),  # fmt: skip
+            GaugeMetricFamily("geniex:workers", "Worker processes by state.", labels=["model", "state"]),
+        ]
+
+
+def _rss(pid: int | None) -> int | None:
+    if not pid:
+        return None
+    try:
+        return int(psutil.Process(pid).memory_info().rss)
+    except psutil.Error:
+        return None
+
+
+# The process-wide instance: the app serves it, and the pool's lifecycle hooks below write to it
+# without needing a reference to the app.
+METRICS = Metrics()
+
+
+def worker_started(model: str) -> None:
+    METRICS.worker_starts.labels(model).inc()
+
+
+def worker_crashed(model: str) -> None:
+    METRICS.worker_crashes.labels(model).inc()
+
+
+def worker_evicted(model: str) -> None:
+    METRICS.worker_evictions.labels(model).inc()

