@@ -39,6 +39,7 @@ from protocol.wire import PROTOCOL_VERSION, Delta, Done, Failed, Generate, Ready
 from workers.chat_template import ChatTemplate, TemplateError
 from workers.drafters import NGRAM_DRAFTERS, make_drafter
 from workers.engines import Emit, EngineError, EngineOptions
+from workers.engines.llama_context import slot_context
 from workers.engines.llama_draft import DraftModel, SpecState
 from workers.text_stream import TextStream
 
@@ -90,21 +91,9 @@ class LlamaEngine:
         self.parallel = max(1, opts.parallel or 1)
         self.compute = opts.compute
 
-        cparams = L.llama_context_default_params()
-        cparams.n_ctx = self.nctx * self.parallel
-        cparams.n_batch = N_BATCH
-        cparams.n_ubatch = N_BATCH
-        cparams.n_seq_max = self.parallel
-        cparams.kv_unified = False
         threads = opts.threads or psutil.cpu_count(logical=False) or os.cpu_count() or 1
-        cparams.n_threads = threads
-        cparams.n_threads_batch = threads
         self.threads = self.max_threads = threads
-        cparams.no_perf = True
-        ctx = L.llama_init_from_model(model, cparams)
-        if not ctx:
-            L.llama_model_free(model)
-            raise EngineError(f"llama.cpp could not create a context of {cparams.n_ctx} tokens", status=500)
+        ctx = slot_context(model, nctx=self.nctx, parallel=self.parallel, n_batch=N_BATCH, threads=threads)
         self.ctx = ctx
         self.mem = L.llama_get_memory(ctx)
         self.batch = L.llama_batch_init(N_BATCH, 0, 1)

@@ -25,6 +25,7 @@ import structlog
 from protocol.wire import Speculation
 from workers.drafters import Drafter
 from workers.engines import EngineError
+from workers.engines.llama_context import slot_context
 
 log = structlog.get_logger("worker.draft")
 
@@ -58,19 +59,7 @@ class DraftModel:
         self.model = model
         self.vocab = L.llama_model_get_vocab(model)
         self.n_vocab = L.llama_vocab_n_tokens(self.vocab)
-        cparams = L.llama_context_default_params()
-        cparams.n_ctx = nctx * parallel
-        cparams.n_batch = n_batch
-        cparams.n_ubatch = n_batch
-        cparams.n_seq_max = parallel
-        cparams.kv_unified = False
-        cparams.n_threads = threads
-        cparams.n_threads_batch = threads
-        cparams.no_perf = True
-        ctx = L.llama_init_from_model(model, cparams)
-        if not ctx:
-            L.llama_model_free(model)
-            raise EngineError(f"llama.cpp could not create a draft context of {cparams.n_ctx} tokens", status=500)
+        ctx = slot_context(model, nctx=nctx, parallel=parallel, n_batch=n_batch, threads=threads, what="draft context")
         self.ctx = ctx
         self.mem = L.llama_get_memory(ctx)
         self.n_batch = n_batch
