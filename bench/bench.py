@@ -20,6 +20,7 @@ import os
 import platform
 import random
 import re
+import signal
 import subprocess
 import sys
 import tempfile
@@ -36,7 +37,7 @@ import httpx  # noqa: E402
 import openai  # noqa: E402
 import psutil  # noqa: E402
 
-from bench.launcher import Server  # noqa: E402
+from bench.launcher import Server, _die_with_us  # noqa: E402
 from bench.stats import med, pct, summary  # noqa: E402
 
 DEFAULT_MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct:Q4_1"
@@ -490,7 +491,7 @@ class RefServer:
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "uvicorn", "bench.ref_app:app", "--host", "127.0.0.1", "--port", str(self.port),
              "--log-level", "warning", "--no-access-log"],
-            cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, preexec_fn=_die_with_us,
         )  # fmt: skip
         deadline = time.monotonic() + 20
         while time.monotonic() < deadline:
@@ -547,8 +548,8 @@ async def health_phase(args: argparse.Namespace, base_url: str, c: openai.AsyncO
     return out
 
 
-async def phase_server(args: argparse.Namespace, data_dir: Path, baseline) -> dict[str, Any]:  # type: ignore[no-untyped-def]
-    out: dict[str, Any] = {}
+async def phase_server(args: argparse.Namespace, data_dir: Path, baseline, out: dict[str, Any]) -> dict[str, Any]:  # type: ignore[no-untyped-def]
+    """Fills `out` as it goes, so an interrupted run still reports what it measured."""
     srv = Server(data_dir, "--nctx", str(args.nctx), *args.server_args)
     try:
         srv.wait_ready()
@@ -961,7 +962,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return a
 
 
-async def amain(args: argparse.Namespace) -> dict[str, Any]:
+async def amain(args: argparse.Namespace, holder: dict[str, Any]) -> dict[str, Any]:
     tmp = tempfile.TemporaryDirectory(prefix="geniex-bench-")
     data_dir = args.data_dir or Path(tmp.name) / "data"
     data_dir.mkdir(parents=True, exist_ok=True)
@@ -999,6 +1000,7 @@ async def amain(args: argparse.Namespace) -> dict[str, Any]:
         },
         "errors": [],
     }
+    holder["res"] = res
     path = model_path(args.model, data_dir)
     res["meta"]["gguf"] = path
     baseline = None
@@ -1037,7 +1039,8 @@ async def amain(args: argparse.Namespace) -> dict[str, Any]:
         res["inproc"], baseline = got
     res["imports"] = await phase("imports", lambda: args.guard.run("imports", lambda: import_times(args.starts)))
     res["cold"] = await phase("cold starts", lambda: phase_cold(args, data_dir))
-    res["server"] = await phase("server", lambda: phase_server(args, data_dir, baseline)) or {}
+    res["server"] = {}
+    await phase("server", lambda: phase_server(args, data_dir, baseline, res["server"]))
     if baseline is not None:
         baseline.close()
     res["meta"]["busy_after"] = busy_processes()
@@ -1050,9 +1053,53 @@ async def amain(args: argparse.Namespace) -> dict[str, Any]:
     return res
 
 
+_HOLDER: dict[str, Any] = {}
+
+
+def write_partial(args: argparse.Namespace, res: dict[str, Any], why: str) -> None:
+    """Report what was measured so far, marked as partial."""
+    res["interrupted"] = why
+    res["errors"].append(f"interrupted ({why}); the report is partial")
+    guard = getattr(args, "guard", None)
+    res["meta"]["rounds_redone"] = guard.redone if guard else 0
+    res["meta"]["rounds_contended"] = guard.contended if guard else []
+    res["meta"].setdefault("elapsed_s", None)
+    res["goals"] = goals(res)
+    res["noise"] = noise_notes(res)
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    args.json.write_text(json.dumps(res, indent=2, default=str))
+    print(render(res))
+    print(f"\nJSON (partial): {args.json}", flush=True)
+
+
+def _terminate(signum: int, _frame: object) -> None:
+    """SIGTERM: stop our servers, write the partial report, exit now.
+
+    Not `raise SystemExit`: the handler may run inside a ctypes callback (llama.cpp's log
+    hook), where an exception is printed and swallowed, and the run would go on.
+    """
+    from bench.launcher import stop_all
+
+    signal.signal(signum, signal.SIG_DFL)
+    try:
+        stop_all(timeout=5)
+        res, args = _HOLDER.get("res"), _HOLDER.get("args")
+        if res is not None and args is not None:
+            write_partial(args, res, f"signal {signum}")
+    finally:
+        os._exit(128 + signum)
+
+
 def main(argv: list[str] | None = None) -> int:
+    signal.signal(signal.SIGTERM, _terminate)
     args = parse_args(argv)
-    res = asyncio.run(amain(args))
+    _HOLDER["args"] = args
+    try:
+        res = asyncio.run(amain(args, _HOLDER))
+    except KeyboardInterrupt:
+        if _HOLDER.get("res") is not None:
+            write_partial(args, _HOLDER["res"], "KeyboardInterrupt")
+        raise
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(res, indent=2, default=str))
     print(render(res))

@@ -7,6 +7,8 @@ costs milliseconds of its own), and the log timestamps for the cold-start breakd
 
 from __future__ import annotations
 
+import atexit
+import ctypes
 import json
 import os
 import signal
@@ -21,6 +23,26 @@ import httpx
 import psutil
 
 REPO = Path(__file__).resolve().parent.parent
+PR_SET_PDEATHSIG = 1
+_LIVE: set[Server] = set()
+
+try:
+    _prctl = ctypes.CDLL(None, use_errno=True).prctl  # resolved here, not in the forked child
+except (OSError, AttributeError):
+    _prctl = None
+
+
+def _die_with_us() -> None:
+    """In the child before exec: SIGTERM it when the benchmark dies, however it dies."""
+    if _prctl is not None:
+        _prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+
+
+@atexit.register
+def stop_all(timeout: float = 10.0) -> None:
+    """No server outlives the benchmark (an exception, Ctrl-C, the SIGTERM handler)."""
+    for srv in list(_LIVE):
+        srv.stop(timeout=timeout)
 
 
 def free_port() -> int:
@@ -42,8 +64,11 @@ class Server:
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
         self._log = open(self.log_path, "wb")
         self.spawned_at = time.perf_counter()
-        self.proc = subprocess.Popen(cmd, cwd=REPO, stdout=self._log, stderr=subprocess.STDOUT, env=env)
+        preexec = _die_with_us if sys.platform.startswith("linux") else None
+        self.proc = subprocess.Popen(cmd, cwd=REPO, stdout=self._log, stderr=subprocess.STDOUT, env=env,
+                                     preexec_fn=preexec)  # fmt: skip
         self.ready_s: float | None = None
+        _LIVE.add(self)
 
     def wait_ready(self, timeout: float = 60.0, poll_s: float = 0.005) -> float:
         """Seconds from spawn until GET /ready answers 200."""
@@ -102,6 +127,7 @@ class Server:
             return {"gateway": None, "workers": {}}
 
     def stop(self, timeout: float = 30.0) -> int | None:
+        _LIVE.discard(self)
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
             try:
@@ -109,5 +135,6 @@ class Server:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
-        self._log.close()
+        if not self._log.closed:
+            self._log.close()
         return self.proc.returncode
