@@ -33,12 +33,12 @@ REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-import httpx  # noqa: E402
-import openai  # noqa: E402
-import psutil  # noqa: E402
+import httpx
+import openai
+import psutil
 
-from bench.launcher import Server, _die_with_us  # noqa: E402
-from bench.stats import med, pct, summary  # noqa: E402
+from bench.launcher import Server, _die_with_us
+from bench.stats import med, pct, summary
 
 DEFAULT_MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct:Q4_1"
 BUNDLED_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -88,15 +88,15 @@ def default_parallel(nctx: int) -> int:
         from gateway.pool import default_parallel as dp
 
         return int(dp(nctx))
-    except Exception:  # noqa: BLE001 - the server may be mid-edit; mirror its documented rule
+    except Exception:  # the server may be mid-edit; mirror its documented rule
         return max(1, min(4, 16384 // max(nctx, 1)))
 
 
 def git_rev() -> str | None:
     try:
-        rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout.strip()
+        rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True, check=False).stdout.strip()
         dirty = subprocess.run(["git", "status", "--porcelain", "--", "gateway", "workers", "protocol"], cwd=REPO,
-                               capture_output=True, text=True).stdout.strip()  # fmt: skip
+                               capture_output=True, text=True, check=False).stdout.strip()  # fmt: skip
         return rev + ("+dirty" if dirty else "")
     except OSError:
         return None
@@ -369,14 +369,14 @@ def import_times(reps: int) -> dict[str, Any]:
         for _ in range(reps):
             cmd = [py, "-c", "pass"] if mods is None else [py, "-c", code.format(m=mods)]
             t0 = time.perf_counter()
-            p = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)
+            p = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, check=False)
             walls.append(time.perf_counter() - t0)
             if mods is not None and p.returncode == 0:
                 imps.append(float(p.stdout.strip().splitlines()[-1]))
         out[name] = {"process_ms": r(med(walls) * 1000), "import_ms": r(med(imps) * 1000) if imps else None}
     # The heaviest top-level imports, from one -X importtime run each.
     for name in ("gateway", "worker"):
-        p = subprocess.run([py, "-X", "importtime", "-c", f"import {sets[name]}"], cwd=REPO, capture_output=True, text=True)
+        p = subprocess.run([py, "-X", "importtime", "-c", f"import {sets[name]}"], cwd=REPO, capture_output=True, text=True, check=False)
         out[name]["heaviest"] = heaviest_imports(p.stderr)
     return out
 
@@ -536,7 +536,7 @@ async def health_phase(args: argparse.Namespace, base_url: str, c: openai.AsyncO
         return out  # the reference windows take ~8 s; the full run has them
     try:
         ref = RefServer()
-    except Exception as exc:  # noqa: BLE001
+    except Exception as exc:  # the reference is extra; report and go on
         out["reference_error"] = repr(exc)
         return out
     try:
@@ -625,7 +625,7 @@ async def phase_server(args: argparse.Namespace, data_dir: Path, baseline, out: 
                 done = 0
                 while done < args.ttft_pairs:
                     k = min(5, args.ttft_pairs - done)
-                    for o_ms, b_ms in await args.guard.run(f"TTFT pairs {done + 1}-{done + k}", lambda: ttft_block(k)):
+                    for o_ms, b_ms in await args.guard.run(f"TTFT pairs {done + 1}-{done + k}", lambda k=k: ttft_block(k)):
                         t_ours.append(o_ms)
                         t_base.append(b_ms)
                         diffs.append(o_ms - b_ms)
@@ -654,7 +654,7 @@ async def phase_server(args: argparse.Namespace, data_dir: Path, baseline, out: 
             await asyncio.gather(*(stream_once(c, args.model, 4) for _ in range(max(levels))))  # open connections
             conc: dict[str, Any] = {}
             for n in levels:
-                runs = [await args.guard.run(f"{n} streams, round {k + 1}", lambda: concurrent(c, args.model, args.max_tokens, n))
+                runs = [await args.guard.run(f"{n} streams, round {k + 1}", lambda n=n: concurrent(c, args.model, args.max_tokens, n))
                         for k in range(args.conc_rounds)]  # fmt: skip
                 conc[str(n)] = {
                     "aggregate_tps": summary([x["aggregate_tps"] for x in runs]),
@@ -708,11 +708,11 @@ async def phase_inproc(args: argparse.Namespace, path: str, threads: int, parall
         probes = {}
         for name, nseq in (("worker_layout", parallel), ("single_layout", 1)):
             try:
-                p = await g.run(f"bare llama.cpp {name}", lambda: inproc.lowlevel_probe(
+                p = await g.run(f"bare llama.cpp {name}", lambda nseq=nseq: inproc.lowlevel_probe(
                     path, n_ctx=args.nctx, n_seq=nseq, threads=threads, prompt=b.prompt_tokens, reps=args.rounds,
                     steps=args.probe_steps))  # fmt: skip
                 probes[name] = {k: (r(v, 2) if isinstance(v, float) else v) for k, v in p.items()}
-            except Exception as exc:  # noqa: BLE001
+            except Exception as exc:  # a probe failing must not lose the rest of the run
                 probes[name] = {"error": repr(exc)}
         out["llama_cpp_floor"] = probes
     return out, b
@@ -1022,7 +1022,7 @@ async def amain(args: argparse.Namespace, holder: dict[str, Any]) -> dict[str, A
         try:
             got = fn()
             return await got if inspect.isawaitable(got) else got
-        except Exception as exc:  # noqa: BLE001 - report and carry on with the other phases
+        except Exception as exc:  # report it and carry on with the other phases
             traceback.print_exc()
             res["errors"].append(f"{name}: {type(exc).__name__}: {exc}"[:500])
             return None

@@ -28,10 +28,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import multiprocessing as mp
 import statistics
 import sys
 import tempfile
-import multiprocessing as mp
 import time
 from pathlib import Path
 
@@ -39,12 +39,12 @@ REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-import zmq  # noqa: E402
-import zmq.asyncio  # noqa: E402
+import zmq
+import zmq.asyncio
 
-from bench.stats import pct  # noqa: E402
-from protocol.chat import ChatCompletionChunk, ChunkChoice, ChunkDelta  # noqa: E402
-from protocol.wire import Delta, gateway_codec, worker_codec  # noqa: E402
+from bench.stats import pct
+from protocol.chat import ChatCompletionChunk, ChunkChoice, ChunkDelta
+from protocol.wire import Delta, gateway_codec, worker_codec
 
 # Typical SmolLM2 pieces: mostly one short word with its leading space.
 PIECES = [" the", " dragon", ",", " who", " learned", " to", " code", " in", " Python", ".", "\n", " He", " wrote"]
@@ -57,7 +57,7 @@ def chunk_builder():  # type: ignore[no-untyped-def]
 
         c = Completion("HuggingFaceTB/SmolLM2-135M-Instruct:Q4_1")
         return (lambda text: _chunk(c, ChunkDelta(content=text))), "gateway.chat_relay._chunk"
-    except Exception:  # noqa: BLE001 - the relay is being edited by others; measure the documented shape
+    except Exception:  # the relay is being edited by others; measure the documented shape
         import msgspec
 
         enc = msgspec.json.Encoder().encode
