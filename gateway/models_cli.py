@@ -1,7 +1,6 @@
 """`geniex pull | list | rm`: the model-management subcommands.
 
-`gateway.cli` mounts them with `add_model_commands(subparsers)`; `python -m gateway.models_cli`
-runs them on their own.
+`gateway.cli` mounts them with `add_model_commands(subparsers)`.
 """
 
 from __future__ import annotations
@@ -103,14 +102,3 @@ def human_size(n: int) -> str:
             return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
         value /= 1000
     return f"{value:.1f} TB"
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="geniex", description="GenieX model management")
-    add_model_commands(parser.add_subparsers(dest="command", required=True))
-    args = parser.parse_args(argv)
-    return int(args.func(args))
-
-
-if __name__ == "__main__":
-    sys.exit(main())

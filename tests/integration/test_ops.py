@@ -15,19 +15,11 @@ import openai
 from gateway.ledger import key_label
 from tests.conftest import MODEL
 from tests.server_proc import ServerProcess
+from tests.unit.test_metrics import NAMES
 
 KEY = "sk-geniex-ops-test-0123456789abcd"
 HAIKU = [{"role": "user", "content": "Write a short poem about the sea."}]
-METRIC_NAMES = [
-    "llamacpp:prompt_tokens_total", "llamacpp:tokens_predicted_total",
-    "vllm:prompt_tokens_total", "vllm:generation_tokens_total",
-    "llamacpp:requests_processing", "llamacpp:requests_deferred",
-    "vllm:num_requests_running", "vllm:num_requests_waiting",
-    "vllm:time_to_first_token_seconds_bucket", "vllm:time_per_output_token_seconds_bucket",
-    "vllm:e2e_request_latency_seconds_bucket",
-    "geniex:worker_starts_total", "geniex:worker_crashes_total", "geniex:worker_evictions_total",
-    "geniex:worker_resident_memory_bytes", "geniex:requests_total",
-]  # fmt: skip
+METRIC_NAMES = NAMES  # the one list of names dashboards rely on
 
 
 def sample(text: str, name: str, **labels: str) -> float:
