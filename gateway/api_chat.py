@@ -3,21 +3,27 @@
 from __future__ import annotations
 
 import time
+from collections.abc import AsyncIterator
 from functools import partial
+from typing import Any
 
+import msgspec
 import structlog
 from litestar import Request, Response, post
 from litestar.response import ServerSentEvent
 
 from gateway import chat_relay
-from gateway.chat_convert import generate_fields
+from gateway.chat_convert import generate_fields, shape_of
+from gateway.chat_shape import ChoiceShaper
 from gateway.disconnect import unless_disconnected
 from gateway.ledger import Ledger, key_label
 from gateway.metrics import Metrics
 from gateway.pool import WorkerPool
 from gateway.request_id import current_request_id
 from gateway.store import ModelStore
+from gateway.worker_handle import WorkerHandle
 from protocol.chat import ChatCompletion, ChatRequest
+from protocol.wire import Sampling
 
 KEEP_CACHE_HEADER = "geniex-keepcache"
 
@@ -26,7 +32,7 @@ def _header_true(request: Request, name: str) -> bool:
     return request.headers.get(name, "").strip().lower() in ("1", "true", "yes")
 
 
-def _accounted(request: Request, data: ChatRequest, model: str) -> chat_relay.Completion:
+def _accounted(request: Request, data: ChatRequest, model: str, n: int) -> chat_relay.Completion:
     """A Completion that reports to the metrics and the usage ledger when it settles.
 
     Made once the model is resolved, so the `model` label is always a known id.
@@ -34,7 +40,7 @@ def _accounted(request: Request, data: ChatRequest, model: str) -> chat_relay.Co
     metrics: Metrics = request.app.state.metrics
     ledger: Ledger = request.app.state.ledger
     record = partial(ledger.record, model, key_label(request.headers.get("authorization")), data.user or "")
-    return chat_relay.Completion(model, metrics.timer(model, time.perf_counter()), record)
+    return chat_relay.Completion(model, metrics.timer(model, time.perf_counter()), record, n)
 
 
 @post("/v1/chat/completions", status_code=200)
@@ -42,7 +48,9 @@ async def chat_completions(request: Request, data: ChatRequest) -> Response[Chat
     store: ModelStore = request.app.state.store
     pool: WorkerPool = request.app.state.pool
     entry = store.resolve(data.model)
-    completion = _accounted(request, data, entry.id)  # a warm-up never settles it: not counted
+    # Everything about the request is checked before a model is loaded for it.
+    fields = generate_fields(data, current_request_id() or "", store, request.app.state.settings.grammar_dirs)
+    completion = _accounted(request, data, entry.id, data.n)  # a warm-up never settles it: not counted
     worker = await completion.guard(pool.get(pool.key_for(entry, data.nctx, data.compute, data.ngl), entry))
     structlog.contextvars.bind_contextvars(model=entry.id, worker_pid=worker.pid)
     if data.keep_alive is not None:
@@ -50,16 +58,30 @@ async def chat_completions(request: Request, data: ChatRequest) -> Response[Chat
     if not data.messages:  # warm-up: load the model, answer null
         await worker.warmup()
         return Response(content=b"null", media_type="application/json")
-    fields = generate_fields(data, current_request_id() or "", store)
-    fields["keep_cache"] = _header_true(request, KEEP_CACHE_HEADER)
     completion.speculative = fields["speculation"] is not None
-    stream = worker.generate(**fields)
+    shape = shape_of(data)
+    shapers = [ChoiceShaper(i, shape) for i in range(data.n)]
+    stream = _generations(worker, fields, data.n, _header_true(request, KEEP_CACHE_HEADER))
     if not data.stream:
-        return Response(await completion.guard(unless_disconnected(request, chat_relay.collect(completion, stream))))
+        collected = chat_relay.collect(completion, shapers, stream)
+        return Response(await completion.guard(unless_disconnected(request, collected)))
     # The first message decides the status: a refused prompt is a 400, not a broken stream.
     first = await completion.guard(anext(stream))
     include_usage = bool(data.stream_options and data.stream_options.include_usage)
-    return ServerSentEvent(chat_relay.sse(completion, first, stream, include_usage))
+    return ServerSentEvent(chat_relay.sse(completion, shapers, first, stream, include_usage))
+
+
+def _generations(worker: WorkerHandle, fields: dict[str, Any], n: int, keep_cache: bool) -> AsyncIterator[chat_relay.Tagged]:
+    """n generations of the same request. Seeded choices get seeds seed, seed+1, ... so that
+    they differ but stay reproducible; only the first keeps its cache for the next turn."""
+    if n == 1:
+        return chat_relay.tagged(worker.generate(**fields, keep_cache=keep_cache))
+    sampling: Sampling = fields.pop("sampling")
+    streams = []
+    for i in range(n):
+        seeded = sampling if sampling.seed is None else msgspec.structs.replace(sampling, seed=sampling.seed + i)
+        streams.append(worker.generate(**fields, sampling=seeded, keep_cache=keep_cache and i == 0))
+    return chat_relay.merged(streams)
 
 
 handlers = [chat_completions]

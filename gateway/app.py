@@ -8,12 +8,20 @@ from contextlib import asynccontextmanager
 
 import structlog
 import zmq.asyncio
-from sdnotify import SystemdNotifier
 from litestar import Litestar, Request, Response
 from litestar.config.cors import CORSConfig
 from litestar.exceptions import HTTPException, ValidationException
+from sdnotify import SystemdNotifier
 
-from gateway import api_chat, api_health, api_models, api_ops, metrics
+from gateway import (
+    api_chat,
+    api_completions,
+    api_health,
+    api_logits,
+    api_models,
+    api_ops,
+    metrics,
+)
 from gateway.config import Settings
 from gateway.errors import GenieXError
 from gateway.ledger import Ledger
@@ -99,7 +107,14 @@ def create_app(settings: Settings) -> Litestar:
 
     cors = CORSConfig(allow_origins=settings.origins) if settings.origins else None
     return Litestar(
-        route_handlers=[*api_chat.handlers, *api_models.handlers, *api_health.handlers, *api_ops.handlers],
+        route_handlers=[
+            *api_chat.handlers,
+            *api_completions.handlers,
+            *api_logits.handlers,
+            *api_models.handlers,
+            *api_health.handlers,
+            *api_ops.handlers,
+        ],
         lifespan=[resources],
         middleware=[RequestIdMiddleware],
         cors_config=cors,

@@ -2,36 +2,21 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Any
 
+import msgspec
+
+from gateway.chat_constraints import constraint_of, tool_mode
 from gateway.errors import BadRequest
 from gateway.speculation import speculation_of
 from gateway.store import ModelStore
 from protocol.chat import ChatMessage, ChatRequest
+from protocol.completions import CompletionRequest
 from protocol.wire import Sampling
 
-# Fields this build accepts in the schema but does not implement yet. Answering 400
-# is honest; silently ignoring `tools` or a JSON schema would hand agents wrong output.
-_NOT_YET = {
-    "tools": "tool calling",
-    "response_format": "response_format",
-    "grammar_string": "grammars",
-    "grammar_path": "grammars",
-    "logit_bias": "logit_bias",
-}
-
-
-def _check_supported(req: ChatRequest) -> None:
-    for field, what in _NOT_YET.items():
-        if getattr(req, field):
-            raise BadRequest(f"`{field}`: {what} is not supported by this server version yet")
-    if req.enable_json:
-        raise BadRequest("`enable_json`: JSON mode is not supported by this server version yet")
-    if req.logprobs:
-        raise BadRequest("`logprobs`: not supported by this server version yet")
-    if req.n != 1:
-        raise BadRequest("`n`: only n=1 is supported by this server version")
-
+SPLIT_REASONING = ("deepseek", "deepseek-legacy", "auto")
 
 def _message_dict(i: int, m: ChatMessage) -> dict[str, Any]:
     content = m.content
@@ -45,10 +30,38 @@ def _message_dict(i: int, m: ChatMessage) -> dict[str, Any]:
     d: dict[str, Any] = {"role": m.role, "content": content if content is not None else ""}
     if m.name is not None:
         d["name"] = m.name
+    if m.tool_calls:
+        # Templates render arguments with `tojson`, so they get the object, not its text.
+        d["tool_calls"] = [
+            {"id": c.id, "type": "function", "function": {"name": c.function.name, "arguments": _json_or_text(c.function.arguments)}}
+            for c in m.tool_calls
+        ]
+    if m.tool_call_id is not None:
+        d["tool_call_id"] = m.tool_call_id
     return d
 
 
-def sampling_of(req: ChatRequest) -> Sampling:
+def _json_or_text(text: str) -> Any:
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text
+
+
+def _logit_bias(bias: dict[str, float] | None) -> list[tuple[int, float]]:
+    out: list[tuple[int, float]] = []
+    for key, value in (bias or {}).items():
+        try:
+            token = int(key)
+        except ValueError:
+            raise BadRequest(f"`logit_bias`: keys are token ids, not {key!r}") from None
+        if not -100 <= value <= 100:
+            raise BadRequest(f"`logit_bias[{key}]`: a bias is between -100 and 100")
+        out.append((token, float(value)))
+    return out
+
+
+def sampling_of(req: ChatRequest | CompletionRequest) -> Sampling:
     defaults = Sampling()
     return Sampling(
         temperature=defaults.temperature if req.temperature is None else req.temperature,
@@ -71,12 +84,36 @@ def stop_list(stop: str | list[str] | None) -> list[str]:
     return [s for s in stops if s]
 
 
-def generate_fields(req: ChatRequest, log_id: str, store: ModelStore) -> dict[str, Any]:
+class Shape(msgspec.Struct, frozen=True):
+    """How the relay turns the worker's text into OpenAI output for this request."""
+
+    tools: frozenset[str] | None = None  # parse tool calls among these names; None: no tools
+    reasoning: bool = False  # split <think> / analysis channels into reasoning_content
+    logprobs: bool = False
+
+    @property
+    def plain(self) -> bool:
+        return self.tools is None and not self.reasoning and not self.logprobs
+
+
+def shape_of(req: ChatRequest) -> Shape:
+    tools, _ = tool_mode(req)
+    names = frozenset(t.function.name for t in req.tools or []) if tools != "none" else None
+    # The spec: reasoning_format is ignored for tool-call requests.
+    reasoning = req.reasoning_format in SPLIT_REASONING and names is None
+    return Shape(tools=names, reasoning=reasoning, logprobs=bool(req.logprobs))
+
+
+def generate_fields(req: ChatRequest, log_id: str, store: ModelStore, grammar_dirs: list[Path]) -> dict[str, Any]:
     """Keyword arguments for `Generate`, less the request id the worker handle assigns.
 
-    `store` resolves a speculative request's draft model (`spec_draft_model`).
+    `store` resolves a speculative request's draft model (`spec_draft_model`);
+    `grammar_dirs` are the folders `grammar_path` may read from.
     """
-    _check_supported(req)
+    tools, forced = tool_mode(req)
+    if req.top_logprobs is not None and not req.logprobs:
+        raise BadRequest("`top_logprobs`: requires `logprobs: true`")
+    shape = shape_of(req)
     template_vars: dict[str, Any] = {}
     if req.enable_think is not None:
         # Qwen3-style templates read `enable_thinking`; GenieX clients send `enable_think`.
@@ -89,4 +126,9 @@ def generate_fields(req: ChatRequest, log_id: str, store: ModelStore) -> dict[st
         "stop": stop_list(req.stop),
         "sampling": sampling_of(req),
         "speculation": speculation_of(req, store),
+        "constraint": constraint_of(req, grammar_dirs, tools, forced),
+        "logit_bias": _logit_bias(req.logit_bias),
+        "logprobs": (req.top_logprobs or 0) if req.logprobs else -1,
+        "special": shape.tools is not None or shape.reasoning,
+        "tools": [msgspec.to_builtins(t) for t in req.tools] if req.tools and tools != "none" else None,
     }

@@ -1,24 +1,29 @@
-"""Relays a worker's Deltas to the client: one JSON body, or SSE chunks as they come."""
+"""Relays a worker's Deltas to the client: one JSON body, or SSE chunks as they come.
+
+A request with `n` choices runs as n generations on the worker; their messages arrive
+tagged with the choice index, and each choice is shaped by its own ChoiceShaper.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import TypeVar
 
 import msgspec
 import structlog
 
+from gateway.chat_shape import ChoiceShaper
 from gateway.disconnect import ClientGone
 from gateway.errors import GenieXError
 from gateway.metrics import RequestTimer
 from protocol.chat import (
-    AssistantMessage,
     ChatCompletion,
     ChatCompletionChunk,
     Choice,
+    ChoiceLogprobs,
     ChunkChoice,
     ChunkDelta,
     CompletionTokensDetails,
@@ -43,20 +48,26 @@ class Completion:
     """Identity shared by a response and all of its chunks, and the request's accounting."""
 
     def __init__(self, model: str, timer: RequestTimer | None = None,
-                 on_usage: Callable[[int, int], None] | None = None) -> None:  # fmt: skip
+                 on_usage: Callable[[int, int], None] | None = None, n: int = 1,
+                 per_prompt: int = 0) -> None:  # fmt: skip
         self.id = f"chatcmpl-{uuid.uuid4().hex[:24]}"
         self.created = int(time.time())
         self.model = model
-        self.done: Done | None = None
-        self.completion_tokens = 0
+        self.n = n
+        self.per_prompt = per_prompt or n  # choices i // per_prompt share one prompt, counted once
+        self.dones: dict[int, Done] = {}
+        self.tokens = [0] * n  # completion tokens so far, per choice
         self.timer = timer
         self.on_usage = on_usage  # (prompt_tokens, completion_tokens) -> None: the usage ledger
         self.speculative = False  # report draft tokens accepted/rejected in the usage
+        self._first = False
         self._settled = False
 
     def first_token(self) -> None:
-        if self.timer is not None:
-            self.timer.first_token()
+        if not self._first:
+            self._first = True
+            if self.timer is not None:
+                self.timer.first_token()
 
     def settle(self, outcome: str) -> None:
         """Count the request once, in the metrics and the ledger, whichever exit the relay takes."""
@@ -76,9 +87,14 @@ class Completion:
             except Exception as exc:  # accounting must never break an answer already produced
                 log.error("usage not recorded", error=repr(exc))
 
-    def settle_done(self, done: Done) -> None:
-        self.done = done
-        self.settle("cancelled" if done.finish_reason == "cancelled" else "ok")
+    def settle_done(self, index: int, done: Done) -> bool:
+        """Record one choice's Done; True (and the request settled) once every choice is done."""
+        self.dones[index] = done
+        if len(self.dones) < self.n:
+            return False
+        cancelled = any(d.finish_reason == "cancelled" for d in self.dones.values())
+        self.settle("cancelled" if cancelled else "ok")
+        return True
 
     async def guard(self, work: Awaitable[T]) -> T:
         """Await `work`; if it raises, count the request as failed or cancelled, then re-raise."""
@@ -89,59 +105,118 @@ class Completion:
             raise
 
     def usage(self) -> Usage:
-        d = self.done
-        prompt = d.prompt_tokens if d else 0
-        completion = d.completion_tokens if d else self.completion_tokens
-        details = PromptTokensDetails(cached_tokens=d.cached_tokens) if d and d.cached_tokens else None
+        """Each prompt once (the n choices of a prompt read the same one), the completions of all choices."""
+        dones = self.dones
+        groups: dict[int, int] = {}
+        for i, d in dones.items():
+            groups[i // self.per_prompt] = max(groups.get(i // self.per_prompt, 0), d.prompt_tokens)
+        prompt = sum(groups.values())
+        completion = sum(dones[i].completion_tokens if i in dones else self.tokens[i] for i in range(self.n))
+        first = dones.get(0)
+        details = PromptTokensDetails(cached_tokens=first.cached_tokens) if first and first.cached_tokens else None
         spec = None
-        if self.speculative and d is not None:
-            spec = CompletionTokensDetails(accepted_prediction_tokens=d.accepted_tokens,
-                                           rejected_prediction_tokens=d.rejected_tokens)  # fmt: skip
+        if self.speculative and dones:
+            spec = CompletionTokensDetails(
+                accepted_prediction_tokens=sum(d.accepted_tokens for d in dones.values()),
+                rejected_prediction_tokens=sum(d.rejected_tokens for d in dones.values()),
+            )
         return Usage(prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion,
                      prompt_tokens_details=details, completion_tokens_details=spec)  # fmt: skip
 
 
-async def collect(c: Completion, stream: AsyncIterator[Delta | Done]) -> ChatCompletion:
-    parts: list[str] = []
+Tagged = tuple[int, Delta | Done]
+
+
+async def tagged(stream: AsyncIterator[Delta | Done]) -> AsyncIterator[Tagged]:
+    """One generation's messages as choice 0."""
     async for msg in stream:
-        if isinstance(msg, Done):
-            c.settle_done(msg)
-            break
-        if not c.completion_tokens:  # per-token cost: one int test; the clock is read once
-            c.first_token()
-        c.completion_tokens = msg.n_tokens
-        parts.append(msg.text)
-    assert c.done is not None
-    choice = Choice(index=0, message=AssistantMessage(content="".join(parts)), finish_reason=c.done.finish_reason)
-    return ChatCompletion(id=c.id, created=c.created, model=c.model, choices=[choice], usage=c.usage())
+        yield 0, msg
 
 
-def _chunk(c: Completion, delta: ChunkDelta, finish: str | None = None) -> bytes:
-    return _encode(
-        ChatCompletionChunk(
-            id=c.id, object=CHUNK, created=c.created, model=c.model, choices=[ChunkChoice(index=0, delta=delta, finish_reason=finish)]
-        )
-    )
+async def merged(streams: Sequence[AsyncIterator[Delta | Done]]) -> AsyncIterator[Tagged]:
+    """The messages of n generations, tagged with their choice index, in arrival order.
 
+    Closing this closes every generation (each one cancels its request if unfinished).
+    """
+    queue: asyncio.Queue[tuple[int, Delta | Done | BaseException]] = asyncio.Queue()
 
-async def sse(
-    c: Completion, first: Delta | Done, rest: AsyncIterator[Delta | Done], include_usage: bool
-) -> AsyncIterator[bytes]:
-    """SSE `data:` payloads. Errors after the first byte become an error event, then [DONE]."""
-    msg: Delta | Done = first
+    async def pump(i: int, stream: AsyncIterator[Delta | Done]) -> None:
+        try:
+            async for msg in stream:
+                queue.put_nowait((i, msg))
+        except Exception as exc:  # noqa: BLE001 - handed to the consumer, who raises it
+            queue.put_nowait((i, exc))
+
+    tasks = [asyncio.create_task(pump(i, s)) for i, s in enumerate(streams)]
     try:
-        yield _chunk(c, ChunkDelta(role="assistant", content=""))
-        while True:
-            if isinstance(msg, Done):
-                c.settle_done(msg)  # counted before the final bytes go out
-                yield _chunk(c, ChunkDelta(), msg.finish_reason)
+        left = len(streams)
+        while left:
+            i, item = await queue.get()
+            if isinstance(item, BaseException):
+                raise item
+            if isinstance(item, Done):
+                left -= 1
+            yield i, item
+    finally:
+        for t in tasks:
+            t.cancel()
+        for s in streams:
+            await s.aclose()  # type: ignore[attr-defined]
+
+
+async def collect(c: Completion, shapers: list[ChoiceShaper], stream: AsyncIterator[Tagged]) -> ChatCompletion:
+    reasons: dict[int, str] = {}
+    async for i, msg in stream:
+        shaper = shapers[i]
+        if isinstance(msg, Done):
+            shaper.finish()
+            reasons[i] = shaper.finish_reason(msg.finish_reason)
+            if c.settle_done(i, msg):
                 break
-            if not c.completion_tokens:  # per-token cost: one int test; the clock is read once
+            continue
+        c.first_token()
+        c.tokens[i] = msg.n_tokens
+        shaper.feed(msg.text, msg.logprobs)
+    choices = [
+        Choice(index=s.index, message=s.message(), finish_reason=reasons.get(s.index), logprobs=s.choice_logprobs())
+        for s in shapers
+    ]
+    return ChatCompletion(id=c.id, created=c.created, model=c.model, choices=choices, usage=c.usage())
+
+
+def _chunk(c: Completion, index: int, delta: ChunkDelta, finish: str | None = None,
+           logprobs: ChoiceLogprobs | None = None) -> bytes:  # fmt: skip
+    choice = ChunkChoice(index=index, delta=delta, finish_reason=finish, logprobs=logprobs)
+    return _encode(ChatCompletionChunk(id=c.id, object=CHUNK, created=c.created, model=c.model, choices=[choice]))
+
+
+async def sse(c: Completion, shapers: list[ChoiceShaper], first: Tagged, rest: AsyncIterator[Tagged],
+              include_usage: bool) -> AsyncIterator[bytes]:  # fmt: skip
+    """SSE `data:` payloads. Errors after the first byte become an error event, then [DONE]."""
+    item = first
+    plain = all(s.plain for s in shapers)
+    try:
+        for s in shapers:
+            yield _chunk(c, s.index, ChunkDelta(role="assistant", content=""))
+        while True:
+            i, msg = item
+            if isinstance(msg, Done):
+                shaper = shapers[i]
+                if (tail := shaper.finish()) is not None:
+                    yield _chunk(c, i, tail[0], None, tail[1])
+                all_done = c.settle_done(i, msg)  # counted before the final bytes go out
+                yield _chunk(c, i, ChunkDelta(), shaper.finish_reason(msg.finish_reason))
+                if all_done:
+                    break
+            else:
                 c.first_token()
-            c.completion_tokens = msg.n_tokens
-            if msg.text:
-                yield _chunk(c, ChunkDelta(content=msg.text))
-            msg = await anext(rest)
+                c.tokens[i] = msg.n_tokens
+                if plain:  # the common case costs one chunk per Delta and nothing else
+                    if msg.text:
+                        yield _chunk(c, i, ChunkDelta(content=msg.text))
+                elif (piece := shapers[i].feed(msg.text, msg.logprobs)) is not None:
+                    yield _chunk(c, i, piece[0], None, piece[1])
+            item = await anext(rest)
     except GenieXError as exc:
         c.settle("error")
         log.warning("stream failed", error=exc.message, status=exc.status)
@@ -149,6 +224,6 @@ async def sse(
     except BaseException as exc:  # the client went away (GeneratorExit, CancelledError), or a bug
         c.settle(outcome_of(exc))
         raise
-    if include_usage and c.done is not None:
+    if include_usage and len(c.dones) == c.n:
         yield _encode(ChatCompletionChunk(id=c.id, object=CHUNK, created=c.created, model=c.model, choices=[], usage=c.usage()))
     yield b"[DONE]"

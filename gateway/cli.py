@@ -52,6 +52,9 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
       help="crashes within --crash-window after which a model is refused for --crash-backoff (0: never)")  # fmt: skip
     a("--crash-window", type=float, default=_env("crash_window", 60.0, float))
     a("--crash-backoff", type=float, default=_env("crash_backoff", 30.0, float))
+    a("--grammar-dir", dest="grammar_dirs", action="append", type=Path,
+      default=[Path(d) for d in _env("grammar_dir", "", str).split(os.pathsep) if d],
+      help="a folder `grammar_path` may read GBNF files from (repeatable; none by default)")  # fmt: skip
     p.set_defaults(func=_serve)
 
 
@@ -83,6 +86,7 @@ def _serve(args: argparse.Namespace) -> int:
         crash_limit=args.crash_limit,
         crash_window=args.crash_window,
         crash_backoff=args.crash_backoff,
+        grammar_dirs=args.grammar_dirs,
     )
     configure_logging(settings.log_level)
     app = create_app(settings)

@@ -20,7 +20,14 @@ import structlog
 import zmq
 import zmq.asyncio
 
-from gateway.errors import BadRequest, EngineFailure, GenieXError, Overloaded, WorkerDied, WorkerUnavailable
+from gateway.errors import (
+    BadRequest,
+    EngineFailure,
+    GenieXError,
+    Overloaded,
+    WorkerDied,
+    WorkerUnavailable,
+)
 from gateway.worker_state import IllegalTransition, State, can_move
 from protocol.keys import WorkerKey
 from protocol.wire import (
@@ -299,6 +306,11 @@ class WorkerHandle:
             elif isinstance(msg, Dying):
                 self._dying = msg.message
                 self.log.error("worker dying", error=msg.message)
+            elif (req_id := getattr(msg, "req_id", None)) is not None:
+                # A one-shot result (logits, embeddings...): its request's only reply.
+                p = self._queues.pop(req_id, None)
+                if p is not None:
+                    p.queue.put_nowait(msg)
 
     # ---- requests ----------------------------------------------------------
 
@@ -343,6 +355,21 @@ class WorkerHandle:
         req_id, pending = self._admit()
         self._send(Warmup(req_id))
         await self._next(pending.queue)
+
+    async def call(self, make: Callable[[int], object]) -> object:
+        """Send the one-shot request `make(req_id)` and return its one reply; raise for Failed."""
+        req_id, pending = self._admit()
+        answered = False
+        try:
+            self._send(make(req_id))
+            reply = await self._next(pending.queue)
+            answered = True
+            self.requests_served += 1
+            return reply
+        finally:
+            if not answered:
+                self.cancel(req_id)  # the client left, or the worker refused (then a no-op)
+            self._left()
 
     async def generate(self, **fields: object) -> AsyncIterator[Delta | Done]:
         """Yield this request's Deltas and its final Done; raise for Failed or a dead worker."""

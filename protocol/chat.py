@@ -33,7 +33,7 @@ class FunctionCall(msgspec.Struct):
     arguments: str
 
 
-class ToolCall(msgspec.Struct, omit_defaults=True):
+class ToolCall(msgspec.Struct):
     id: str
     function: FunctionCall
     type: Literal["function"] = "function"
@@ -112,16 +112,38 @@ class ChatRequest(msgspec.Struct, kw_only=True):
     spec_p_min: Unit | None = None  # 0/None: no draft-probability cut-off
 
 
-class AssistantMessage(msgspec.Struct):
+class TopLogprob(msgspec.Struct):
+    token: str
+    logprob: float
+    bytes: list[int]
+
+
+class TokenLogprob(msgspec.Struct):
+    token: str
+    logprob: float
+    bytes: list[int]
+    top_logprobs: list[TopLogprob]
+
+
+class ChoiceLogprobs(msgspec.Struct):
+    content: list[TokenLogprob]
+
+
+class AssistantMessage(msgspec.Struct, omit_defaults=True):
+    role: str
     content: str | None
-    role: str = "assistant"
+    # The reasoning split off the answer (reasoning_format); `reasoning` is the same
+    # text under the name other clients read.
+    reasoning_content: str | None = None
+    reasoning: str | None = None
+    tool_calls: list[ToolCall] | None = None
 
 
 class Choice(msgspec.Struct):
     index: int
     message: AssistantMessage
     finish_reason: str | None
-    logprobs: None = None
+    logprobs: ChoiceLogprobs | None = None
 
 
 class PromptTokensDetails(msgspec.Struct):
@@ -153,16 +175,33 @@ class ChatCompletion(msgspec.Struct):
     system_fingerprint: str | None = None
 
 
+class ChunkFunction(msgspec.Struct, omit_defaults=True):
+    name: str | None = None
+    arguments: str | None = None
+
+
+class ChunkToolCall(msgspec.Struct, omit_defaults=True):
+    """A call as OpenAI streams it: index, then id, type and name, then argument fragments."""
+
+    index: int
+    function: ChunkFunction
+    id: str | None = None
+    type: str | None = None
+
+
 class ChunkDelta(msgspec.Struct, omit_defaults=True):
     role: str | None = None
     content: str | None = None
+    reasoning_content: str | None = None
+    reasoning: str | None = None
+    tool_calls: list[ChunkToolCall] | None = None
 
 
 class ChunkChoice(msgspec.Struct):
     index: int
     delta: ChunkDelta
     finish_reason: str | None = None
-    logprobs: None = None
+    logprobs: ChoiceLogprobs | None = None
 
 
 class ChatCompletionChunk(msgspec.Struct, omit_defaults=True):

@@ -9,7 +9,7 @@ No pickle crosses the boundary: decoders are typed, so anything else is refused.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 import msgspec
 
@@ -45,6 +45,14 @@ class Speculation(msgspec.Struct, array_like=True, omit_defaults=True, frozen=Tr
     draft_path: str = ""
 
 
+class Constraint(msgspec.Struct, array_like=True, frozen=True):
+    """A grammar the output must follow: `gbnf` text, or a `json_schema` (JSON text) the
+    worker converts to GBNF with llama.cpp's own converter."""
+
+    kind: Literal["gbnf", "json_schema"]
+    text: str
+
+
 class Generate(msgspec.Struct, tag="generate", array_like=True, omit_defaults=True):
     """One generation request. Exactly one of `messages` (chat) or `prompt` (raw text) is set."""
 
@@ -57,7 +65,24 @@ class Generate(msgspec.Struct, tag="generate", array_like=True, omit_defaults=Tr
     stop: list[str] = []
     sampling: Sampling = Sampling()
     keep_cache: bool = False
-    speculation: Speculation | None = None  # last: array_like, so older encoders stay valid
+    speculation: Speculation | None = None
+    # Output constraints and extras (issue 4); appended, since array_like is positional.
+    constraint: Constraint | None = None
+    logit_bias: list[tuple[int, float]] = []  # (token id, bias) added to the logits before sampling
+    logprobs: int = -1  # -1: none; else report each token's logprob and this many top alternatives
+    special: bool = False  # render control tokens (<|channel|>, [TOOL_CALLS]) so the gateway can parse them
+    tools: list[dict[str, Any]] | None = None  # OpenAI tool definitions, for the chat template
+    suffix: str | None = None  # with `prompt`: fill in the middle, between prompt and suffix
+
+
+class Logits(msgspec.Struct, tag="logits", array_like=True):
+    """One prefill-only forward pass over `input_ids`; answered with LogitRows."""
+
+    req_id: int
+    log_id: str
+    input_ids: list[int]
+    last_only: bool = False
+    top_n: int = 20  # 0: the whole vocabulary per row
 
 
 class Warmup(msgspec.Struct, tag="warmup", array_like=True):
@@ -86,7 +111,7 @@ class SetThreads(msgspec.Struct, tag="threads", array_like=True):
     n: int
 
 
-ToWorker = Generate | Warmup | Cancel | Ping | Shutdown | SetThreads
+ToWorker = Generate | Logits | Warmup | Cancel | Ping | Shutdown | SetThreads
 
 
 class Ready(msgspec.Struct, tag="ready", array_like=True, omit_defaults=True):
@@ -106,12 +131,28 @@ class Ready(msgspec.Struct, tag="ready", array_like=True, omit_defaults=True):
     description: str = ""
 
 
+class TokenLogprob(msgspec.Struct, array_like=True, gc=False):
+    """One generated token: its bytes, its log-probability, and the most likely alternatives."""
+
+    token: bytes
+    logprob: float
+    top: list[tuple[bytes, float]] = []
+
+
 class Delta(msgspec.Struct, tag="delta", array_like=True, gc=False):
     """Text produced since the last Delta of this request, and how many tokens it took."""
 
     req_id: int
     text: str
     n_tokens: int
+
+    logprobs = None  # a plain Delta carries none; see LogprobDelta
+
+
+class LogprobDelta(Delta, tag="delta_lp", array_like=True, gc=False):
+    """A Delta with its tokens' logprobs, for requests that ask (plain Deltas stay 15 bytes)."""
+
+    logprobs: list[TokenLogprob]  # type: ignore[assignment]
 
 
 class Done(msgspec.Struct, tag="done", array_like=True, gc=False, omit_defaults=True):
@@ -134,6 +175,19 @@ class Failed(msgspec.Struct, tag="failed", array_like=True, omit_defaults=True):
     code: str | None = None
 
 
+class LogitRows(msgspec.Struct, tag="logit_rows", array_like=True):
+    """The answer to Logits, as raw little-endian arrays (a full-vocabulary row is 49k floats;
+    msgpack would spend a byte of tag on each): `logits` float32 [n_rows x (top_n or vocab)],
+    `token_ids` int32 [n_rows x top_n] (empty when top_n is 0)."""
+
+    req_id: int
+    n_rows: int
+    vocab_size: int
+    top_n: int
+    logits: bytes
+    token_ids: bytes = b""
+
+
 class Pong(msgspec.Struct, tag="pong", array_like=True):
     nonce: int
     active: int
@@ -147,7 +201,7 @@ class Dying(msgspec.Struct, tag="dying", array_like=True):
     message: str
 
 
-FromWorker = Ready | Delta | Done | Failed | Pong | Dying
+FromWorker = Ready | Delta | LogprobDelta | Done | Failed | LogitRows | Pong | Dying
 
 
 class Codec:

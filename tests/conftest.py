@@ -11,10 +11,29 @@ from tests.server_proc import ServerProcess
 MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct:Q4_1"
 
 
+YES_NO = 'root ::= "yes" | "no"\n'
+
+
 @pytest.fixture(scope="session")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+def grammar_dirs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """(allowed, outside): the server may read GBNF files from `allowed` only.
+
+    `allowed` holds yesno.gbnf and a symlink escaping to `outside`, which holds secret.gbnf.
+    """
+    base = tmp_path_factory.mktemp("grammars")
+    allowed, outside = base / "allowed", base / "outside"
+    allowed.mkdir()
+    outside.mkdir()
+    (allowed / "yesno.gbnf").write_text(YES_NO)
+    (outside / "secret.gbnf").write_text(YES_NO)
+    (allowed / "escape.gbnf").symlink_to(outside / "secret.gbnf")
+    return allowed, outside
+
+
+@pytest.fixture(scope="session")
+def server(tmp_path_factory: pytest.TempPathFactory, grammar_dirs: tuple[Path, Path]) -> Iterator[ServerProcess]:
     """One real server for the read-mostly tests; tests that kill or reconfigure start their own."""
-    srv = ServerProcess(tmp_path_factory.mktemp("data"), "--nctx", "2048")
+    srv = ServerProcess(tmp_path_factory.mktemp("data"), "--nctx", "2048", "--grammar-dir", str(grammar_dirs[0]))
     try:
         srv.wait_ready()
         yield srv

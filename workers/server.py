@@ -23,6 +23,7 @@ from protocol.wire import (
     Failed,
     FromWorker,
     Generate,
+    Logits,
     Ping,
     Pong,
     SetThreads,
@@ -76,7 +77,7 @@ class WorkerServer:
 
     def _handle(self, msg: object) -> None:
         match msg:
-            case Generate():
+            case Generate() | Logits():
                 try:
                     self.engine.submit(msg)
                 except EngineError as exc:

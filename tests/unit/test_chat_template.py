@@ -33,3 +33,40 @@ def test_template_cannot_reach_python_internals() -> None:
     t = ChatTemplate("{{ messages.__class__.__mro__ }}", bos_token="", eos_token="")
     with pytest.raises(TemplateError):
         t.render([{"role": "user", "content": "x"}])
+
+
+# A Hermes/Qwen2.5-style template that knows tools (trimmed to what matters here).
+TOOL_AWARE = (
+    "{% if tools %}<|im_start|>system\n<tools>{% for t in tools %}{{ t | tojson }}{% endfor %}</tools><|im_end|>\n{% endif %}"
+    "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}"
+    "{% for c in m.tool_calls or [] %}<tool_call>{{ c.function | tojson }}</tool_call>{% endfor %}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+TOOL = {"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}
+HISTORY = [
+    {"role": "user", "content": "weather?"},
+    {"role": "assistant", "content": "", "tool_calls": [
+        {"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": {"city": "Paris"}}}]},
+    {"role": "tool", "tool_call_id": "c1", "content": "sunny"},
+]  # fmt: skip
+
+
+def test_tool_aware_template_gets_the_tools_and_the_history() -> None:
+    t = ChatTemplate(TOOL_AWARE, bos_token="", eos_token="")
+    assert t.supports_tools
+    out = t.render(HISTORY, None, [TOOL])
+    assert '<tools>{"type": "function"' in out
+    assert '<tool_call>{"name": "get_weather", "arguments": {"city": "Paris"}}</tool_call>' in out
+    assert "<|im_start|>tool\nsunny" in out
+
+
+def test_template_without_tools_gets_a_system_prompt_and_plain_turns() -> None:
+    t = ChatTemplate(None, bos_token="", eos_token="")
+    assert not t.supports_tools
+    out = t.render(HISTORY, None, [TOOL])
+    assert out.startswith("<|im_start|>system\n") and '"name": "get_weather"' in out.split("<|im_end|>")[0]
+    assert '<tool_call>{"name": "get_weather", "arguments": {"city": "Paris"}}</tool_call>' in out
+    assert "<|im_start|>user\n<tool_response>\nsunny\n</tool_response>" in out
+    # An existing system turn is extended, not duplicated.
+    out = t.render([{"role": "system", "content": "Be brief."}, *HISTORY], None, [TOOL])
+    assert out.count("<|im_start|>system") == 1 and out.startswith("<|im_start|>system\nBe brief.\n\n")

@@ -12,7 +12,9 @@ import pytest
 from prometheus_client import generate_latest
 
 from gateway import metrics as metrics_mod
+from gateway.chat_convert import Shape
 from gateway.chat_relay import Completion, collect, outcome_of, sse
+from gateway.chat_shape import ChoiceShaper
 from gateway.disconnect import ClientGone
 from gateway.errors import WorkerDied
 from gateway.metrics import Metrics
@@ -124,11 +126,15 @@ def test_worker_lifecycle_hooks() -> None:
 # ---- the relay's accounting --------------------------------------------------
 
 
-async def feed(*msgs: Delta | Done | Exception) -> AsyncIterator[Delta | Done]:
+async def feed(*msgs: Delta | Done | Exception) -> AsyncIterator[tuple[int, Delta | Done]]:
     for msg in msgs:
         if isinstance(msg, Exception):
             raise msg
-        yield msg
+        yield 0, msg
+
+
+def shapers() -> list[ChoiceShaper]:
+    return [ChoiceShaper(0, Shape())]
 
 
 def accounted() -> tuple[Completion, Metrics, list[tuple[int, int]]]:
@@ -139,7 +145,7 @@ def accounted() -> tuple[Completion, Metrics, list[tuple[int, int]]]:
 
 async def test_collect_settles_ok_once() -> None:
     c, m, billed = accounted()
-    out = await collect(c, feed(Delta(1, "Hi", 1), Delta(1, " there", 3), Done(1, "length", 9, 3)))
+    out = await collect(c, shapers(), feed(Delta(1, "Hi", 1), Delta(1, " there", 3), Done(1, "length", 9, 3)))
     assert out.choices[0].message.content == "Hi there" and out.usage.completion_tokens == 3
     assert billed == [(9, 3)]
     assert val(m, "geniex:requests_total", model=M, outcome="ok") == 1
@@ -148,19 +154,19 @@ async def test_collect_settles_ok_once() -> None:
 
 async def test_sse_counts_before_the_final_bytes_and_on_errors_and_disconnects() -> None:
     c, m, billed = accounted()
-    gen = sse(c, Delta(1, "a", 1), feed(Delta(1, "b", 2), Done(1, "stop", 4, 2)), include_usage=False)
+    gen = sse(c, shapers(), (0, Delta(1, "a", 1)), feed(Delta(1, "b", 2), Done(1, "stop", 4, 2)), include_usage=False)
     chunks = [chunk async for chunk in gen]
     assert chunks[-1] == b"[DONE]" and billed == [(4, 2)]
 
     # the worker dies mid-stream: an error, but the tokens the client got are billed
     c, m, billed = accounted()
-    chunks = [chunk async for chunk in sse(c, Delta(1, "a", 1), feed(Delta(1, "b", 2), WorkerDied("gone")), False)]
+    chunks = [chunk async for chunk in sse(c, shapers(), (0, Delta(1, "a", 1)), feed(Delta(1, "b", 2), WorkerDied("gone")), False)]
     assert b"gone" in chunks[-2] and billed == [(0, 2)]
     assert val(m, "geniex:requests_total", model=M, outcome="error") == 1
 
     # the client goes away after two chunks: cancelled, its generated tokens still counted
     c, m, billed = accounted()
-    gen = sse(c, Delta(1, "a", 1), feed(Delta(1, "b", 2), Delta(1, "c", 3), Done(1, "stop", 4, 3)), False)
+    gen = sse(c, shapers(), (0, Delta(1, "a", 1)), feed(Delta(1, "b", 2), Delta(1, "c", 3), Done(1, "stop", 4, 3)), False)
     await anext(gen)
     await anext(gen)
     await gen.aclose()
@@ -172,7 +178,7 @@ async def test_sse_counts_before_the_final_bytes_and_on_errors_and_disconnects()
 async def test_guard_counts_failures_before_the_stream_and_cancellation() -> None:
     c, m, billed = accounted()
     with pytest.raises(WorkerDied):
-        await c.guard(feed(WorkerDied("no worker")).__anext__())
+        await c.guard(anext(feed(WorkerDied("no worker"))))
     assert billed == [] and val(m, "geniex:requests_total", model=M, outcome="error") == 1
 
     c, m, billed = accounted()

@@ -35,12 +35,26 @@ import llama_cpp as L
 import psutil
 import structlog
 
-from protocol.wire import PROTOCOL_VERSION, Delta, Done, Failed, Generate, Ready, Sampling, Speculation
+from protocol.wire import (
+    PROTOCOL_VERSION,
+    Delta,
+    Done,
+    Failed,
+    Generate,
+    Logits,
+    LogprobDelta,
+    Ready,
+    Speculation,
+    TokenLogprob,
+)
 from workers.chat_template import ChatTemplate, TemplateError
 from workers.drafters import NGRAM_DRAFTERS, make_drafter
 from workers.engines import Emit, EngineError, EngineOptions
 from workers.engines.llama_context import slot_context
 from workers.engines.llama_draft import DraftModel, SpecState
+from workers.engines.llama_grammar import grammar_sampler
+from workers.engines.llama_logits import LogitsJob
+from workers.engines.llama_logprobs import token_logprobs
 from workers.text_stream import TextStream
 
 log = structlog.get_logger("worker.llama")
@@ -69,6 +83,7 @@ class Slot:
     # next turn of the same conversation only evaluates what is new.
     history: list[int] = field(default_factory=list)
     spec: SpecState | None = None  # set only for a request that speculates
+    logprobs: list[TokenLogprob] | None = None  # tokens not yet sent, for a request that wants logprobs
 
 
 class LlamaEngine:
@@ -105,7 +120,10 @@ class LlamaEngine:
         )
         self.add_bos = bool(L.llama_vocab_get_add_bos(self.vocab))
         self.slots = [Slot(seq=i) for i in range(self.parallel)]
-        self.waiting: deque[tuple[Generate, list[int]]] = deque()
+        # Requests accepted but not yet in a slot, with their sampler chain (built at
+        # submit so that a bad grammar is refused before the request is queued).
+        self.waiting: deque[tuple[Generate, list[int], ctypes.c_void_p]] = deque()
+        self.logit_jobs: deque[LogitsJob] = deque()
         self.tokens_generated = 0
         self._piece_buf = ctypes.create_string_buffer(256)
         # Speculation: draft models loaded on first use (by canonical path), how many slots
@@ -136,7 +154,10 @@ class LlamaEngine:
             description=desc.value.decode(errors="replace"),
         )
 
-    def submit(self, req: Generate) -> None:
+    def submit(self, req: Generate | Logits) -> None:
+        if isinstance(req, Logits):
+            self.logit_jobs.append(LogitsJob.checked(req, n_vocab=self.n_vocab, nctx=self.nctx))
+            return
         if req.speculation is not None:
             self._check_speculation(req.speculation)
         tokens = self._prompt_tokens(req)
@@ -146,12 +167,18 @@ class LlamaEngine:
                 "shorten it or ask for a larger `nctx`",
                 code="context_length_exceeded",
             )
-        self.waiting.append((req, tokens))
+        self.waiting.append((req, tokens, self._sampler(req)))
 
     def cancel(self, req_id: int, emit: Emit) -> None:
-        for i, (req, _) in enumerate(self.waiting):
+        for job in self.logit_jobs:
+            if job.req.req_id == req_id:
+                self.logit_jobs.remove(job)
+                emit(Done(req_id, "cancelled"))
+                return
+        for i, (req, _, sampler) in enumerate(self.waiting):
             if req.req_id == req_id:
                 del self.waiting[i]
+                L.llama_sampler_free(sampler)
                 emit(Done(req_id, "cancelled"))
                 return
         for slot in self.slots:
@@ -164,7 +191,7 @@ class LlamaEngine:
                 return
 
     def has_work(self) -> bool:
-        return bool(self.waiting) or any(s.req is not None for s in self.slots)
+        return bool(self.waiting or self.logit_jobs) or any(s.req is not None for s in self.slots)
 
     def stats(self) -> tuple[int, int, int]:
         return sum(s.req is not None for s in self.slots), len(self.waiting), self.tokens_generated
@@ -181,6 +208,9 @@ class LlamaEngine:
     def close(self) -> None:
         for slot in self.slots:
             self._release(slot)
+        for _, _, sampler in self.waiting:
+            L.llama_sampler_free(sampler)
+        self.waiting.clear()
         for draft in self.draft_models.values():
             draft.close()
         self.draft_models.clear()
@@ -191,6 +221,8 @@ class LlamaEngine:
     # ---- the decode step ---------------------------------------------------
 
     def step(self, emit: Emit) -> None:
+        if self.logit_jobs:
+            self._run_logits(emit)
         self._admit()
         if self.n_speculating:
             self._make_drafts()
@@ -247,9 +279,9 @@ class LlamaEngine:
         return n + 1
 
     def _sample(self, slot: Slot, emit: Emit) -> None:
-        self._take(slot, L.llama_sampler_sample(slot.sampler, self.ctx, slot.row), emit)
+        self._take(slot, L.llama_sampler_sample(slot.sampler, self.ctx, slot.row), emit, slot.row)
 
-    def _take(self, slot: Slot, tok: int, emit: Emit) -> bool:
+    def _take(self, slot: Slot, tok: int, emit: Emit, row: int) -> bool:
         """Emit one sampled token; False when it ended the generation (the slot is released)."""
         req = slot.req
         assert req is not None and slot.text is not None
@@ -259,20 +291,34 @@ class LlamaEngine:
             slot.n_gen -= 1  # the end-of-generation token is not part of the answer
             self._finish(slot, "stop", emit)
             return False
-        text = slot.text.feed(self._piece(tok))
+        piece = self._piece(tok, req.special)
+        if slot.logprobs is not None:
+            slot.logprobs.append(token_logprobs(self.ctx, row, self.n_vocab, tok, piece, req.logprobs, self._piece))
+        text = slot.text.feed(piece)
         if slot.text.stopped:
             if text:
-                emit(Delta(req.req_id, text, slot.n_gen))
+                self._emit_text(slot, text, emit)
             self._finish(slot, "stop", emit, flush=False)
             return False
         if text:
-            emit(Delta(req.req_id, text, slot.n_gen))
+            self._emit_text(slot, text, emit)
         if slot.n_gen >= slot.max_tokens:
             self._finish(slot, "length", emit)
             return False
         slot.last_token = tok
         slot.history.append(tok)
         return True
+
+    @staticmethod
+    def _emit_text(slot: Slot, text: str, emit: Emit) -> None:
+        assert slot.req is not None
+        lps = slot.logprobs
+        if lps:  # the tokens this text came from (a held-back token waits for its text)
+            slot.logprobs = []
+        if lps:
+            emit(LogprobDelta(slot.req.req_id, text, slot.n_gen, lps))
+        else:
+            emit(Delta(slot.req.req_id, text, slot.n_gen))
 
     # ---- speculation -------------------------------------------------------
 
@@ -339,7 +385,7 @@ class LlamaEngine:
             # is valid up to last_token + the i draft tokens confirmed before this row.
             spec.accepted, spec.rejected = acc0 + accepted, rej0 + k - accepted
             slot.n_past = base + 1 + i
-            if not self._take(slot, tok, emit):
+            if not self._take(slot, tok, emit, slot.row + i):
                 return
             if not hit:
                 break
@@ -353,7 +399,9 @@ class LlamaEngine:
         req = slot.req
         assert req is not None and slot.text is not None
         if flush and (rest := slot.text.flush()):
-            emit(Delta(req.req_id, rest, slot.n_gen))
+            self._emit_text(slot, rest, emit)
+        elif flush and slot.logprobs:  # tokens whose text never showed (e.g. a lone partial character)
+            emit(LogprobDelta(req.req_id, "", slot.n_gen, slot.logprobs))
         acc, rej = (slot.spec.accepted, slot.spec.rejected) if slot.spec else (0, 0)
         emit(Done(req.req_id, reason, prompt_tokens=slot.n_prompt, completion_tokens=slot.n_gen,
                   cached_tokens=slot.n_cached, accepted_tokens=acc, rejected_tokens=rej))  # fmt: skip
@@ -363,6 +411,25 @@ class LlamaEngine:
                  completion_tokens=slot.n_gen, seconds=round(secs, 3), **extra)  # fmt: skip
         self._release(slot)
 
+    # ---- /v1/logits --------------------------------------------------------
+
+    def _run_logits(self, emit: Emit) -> None:
+        """One forward-pass job per step, in a free slot's sequence, so running generations
+        lose one step, not the whole job queue. No sampler, no decode loop."""
+        free = [s for s in self.slots if s.req is None]
+        if not free:
+            return
+        slot = next((s for s in free if not s.history), free[0])
+        job = self.logit_jobs.popleft()
+        L.llama_memory_seq_rm(self.mem, slot.seq, -1, -1)
+        slot.history = []
+        try:
+            emit(job.run(self.ctx, self.batch, N_BATCH, slot.seq))
+        except EngineError as exc:
+            emit(Failed(job.req.req_id, exc.status, exc.message, exc.code))
+        finally:
+            L.llama_memory_seq_rm(self.mem, slot.seq, -1, -1)
+
     # ---- slots -------------------------------------------------------------
 
     def _admit(self) -> None:
@@ -370,7 +437,7 @@ class LlamaEngine:
             free = [s for s in self.slots if s.req is None]
             if not free:
                 return
-            req, tokens = self.waiting.popleft()
+            req, tokens, sampler = self.waiting.popleft()
             slot, reuse = self._pick_slot(free, tokens, req.keep_cache)
             # Keep the KV of the shared prefix, drop the rest; at least one prompt
             # token must be evaluated so there are logits to sample from.
@@ -386,8 +453,9 @@ class LlamaEngine:
             room = self.nctx - len(tokens)
             wanted = req.max_tokens if req.max_tokens is not None else DEFAULT_MAX_TOKENS
             slot.max_tokens = max(1, min(wanted, room))
-            slot.sampler = self._sampler(req.sampling)
+            slot.sampler = sampler
             slot.text = TextStream(req.stop)
+            slot.logprobs = [] if req.logprobs >= 0 else None
             if req.speculation is not None:
                 slot.spec = self._spec_state(req.speculation)
                 self.n_speculating += 1
@@ -431,14 +499,27 @@ class LlamaEngine:
         slot.req = None
         slot.sampler = None
         slot.text = None
+        slot.logprobs = None
         slot.pending_prompt = []
         slot.row = -1
 
-    def _sampler(self, s: Sampling) -> ctypes.c_void_p:
+    def _sampler(self, req: Generate) -> ctypes.c_void_p:
+        """The request's native sampler chain. A grammar comes first, so every later stage
+        (top-k, greedy...) only ever sees tokens the grammar allows."""
+        s = req.sampling
+        for tok, _ in req.logit_bias:
+            if not 0 <= tok < self.n_vocab:
+                raise EngineError(f"`logit_bias`: token id {tok} is not in the vocabulary (0..{self.n_vocab - 1})")
+        grammar = grammar_sampler(self.vocab, req.constraint) if req.constraint is not None else None
         params = L.llama_sampler_chain_default_params()
         params.no_perf = True
         chain = L.llama_sampler_chain_init(params)
         add = L.llama_sampler_chain_add
+        if grammar is not None:
+            add(chain, grammar)
+        if req.logit_bias:
+            biases = (L.llama_logit_bias * len(req.logit_bias))(*req.logit_bias)
+            add(chain, L.llama_sampler_init_logit_bias(self.n_vocab, len(req.logit_bias), biases))
         if s.repeat_penalty != 1.0 or s.frequency_penalty or s.presence_penalty:
             add(chain, L.llama_sampler_init_penalties(
                 self.n_vocab, s.penalty_last_n, s.repeat_penalty, s.frequency_penalty, s.presence_penalty))  # fmt: skip
@@ -461,14 +542,26 @@ class LlamaEngine:
     def _prompt_tokens(self, req: Generate) -> list[int]:
         if req.messages is not None:
             try:
-                text = self.template.render(req.messages, req.template_vars)
+                text = self.template.render(req.messages, req.template_vars, req.tools)
             except TemplateError as exc:
                 raise EngineError(f"`messages`: {exc}") from exc
         else:
             text = req.prompt or ""
+            if req.suffix is not None:
+                return self._fim_tokens(text, req.suffix)
         bos = self.template.bos_token
         add_special = self.add_bos and not (bos and text.startswith(bos))
         return self.tokenize(text, add_special=add_special)
+
+    def _fim_tokens(self, prefix: str, suffix: str) -> list[int]:
+        """<fim_pre>prefix<fim_suf>suffix<fim_mid>: the model writes what goes between."""
+        v = self.vocab
+        pre, suf, mid = L.llama_vocab_fim_pre(v), L.llama_vocab_fim_suf(v), L.llama_vocab_fim_mid(v)
+        if min(pre, suf, mid) < 0:
+            raise EngineError("`suffix`: this model has no fill-in-the-middle tokens")
+        head = [L.llama_vocab_bos(v)] if self.add_bos else []
+        return [*head, pre, *self.tokenize(prefix, add_special=False), suf,
+                *self.tokenize(suffix, add_special=False), mid]  # fmt: skip
 
     def tokenize(self, text: str, *, add_special: bool) -> list[int]:
         raw = text.encode()
@@ -480,12 +573,12 @@ class LlamaEngine:
             n = L.llama_tokenize(self.vocab, raw, len(raw), buf, -n, add_special, True)
         return list(buf[:n])
 
-    def _piece(self, token: int) -> bytes:
+    def _piece(self, token: int, special: bool = False) -> bytes:
         buf = self._piece_buf
-        n = L.llama_token_to_piece(self.vocab, token, buf, len(buf), 0, False)
+        n = L.llama_token_to_piece(self.vocab, token, buf, len(buf), 0, special)
         if n < 0:
             buf = ctypes.create_string_buffer(-n)
-            n = L.llama_token_to_piece(self.vocab, token, buf, -n, 0, False)
+            n = L.llama_token_to_piece(self.vocab, token, buf, -n, 0, special)
         return buf.raw[:n]
 
     def _piece_text(self, token: int) -> str:

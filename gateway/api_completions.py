@@ -1,0 +1,170 @@
+"""POST /v1/completions: legacy text completion on llama.cpp models, streamed or not.
+
+Each prompt (times `n`) is one generation on the worker; choice i is prompt i // n.
+Accounting, cancellation and the SSE error/[DONE] ending are the chat relay's.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+import msgspec
+import structlog
+from litestar import Request, Response, post
+from litestar.response import ServerSentEvent
+
+from gateway import chat_relay
+from gateway.chat_convert import sampling_of, stop_list
+from gateway.disconnect import unless_disconnected
+from gateway.errors import BadRequest, GenieXError
+from gateway.ledger import Ledger, key_label
+from gateway.metrics import Metrics
+from gateway.pool import WorkerPool
+from gateway.request_id import current_request_id
+from gateway.store import ModelStore
+from protocol import wire
+from protocol.completions import (
+    CompletionChoice,
+    CompletionLogprobs,
+    CompletionRequest,
+    TextCompletion,
+)
+
+log = structlog.get_logger("gateway.completions")
+_encode = msgspec.json.Encoder().encode
+OBJECT = "text_completion"
+
+
+class _Choice:
+    """One choice's text and legacy logprobs as they accumulate."""
+
+    def __init__(self, index: int, echo: str, logprobs: bool) -> None:
+        self.index = index
+        self.parts = [echo] if echo else []
+        self.offset = len(echo)
+        self.lp: CompletionLogprobs | None = CompletionLogprobs([], [], [], []) if logprobs else None
+
+    def add(self, msg: wire.Delta) -> CompletionLogprobs | None:
+        self.parts.append(msg.text)
+        if self.lp is None or not msg.logprobs:
+            return None
+        piece = CompletionLogprobs([], [], [], [])
+        for t in msg.logprobs:
+            token = t.token.decode(errors="replace")
+            for lp in (self.lp, piece):
+                lp.tokens.append(token)
+                lp.token_logprobs.append(t.logprob)
+                lp.top_logprobs.append({b.decode(errors="replace"): v for b, v in t.top})
+                lp.text_offset.append(self.offset)
+            self.offset += len(token)
+        return piece
+
+
+def _prompts(data: CompletionRequest) -> list[str]:
+    prompts = [data.prompt] if isinstance(data.prompt, str) else data.prompt
+    if not prompts:
+        raise BadRequest("`prompt`: at least one prompt is required")
+    if len(prompts) * data.n > 16:
+        raise BadRequest("`prompt`, `n`: at most 16 completions per request")
+    return prompts
+
+
+@post("/v1/completions", status_code=200)
+async def completions(request: Request, data: CompletionRequest) -> Response[bytes] | ServerSentEvent:
+    store: ModelStore = request.app.state.store
+    pool: WorkerPool = request.app.state.pool
+    entry = store.resolve(data.model)
+    if entry.engine != "llama_cpp":
+        raise BadRequest(f"`model`: {entry.id} is served by {entry.engine}; text completion needs a llama.cpp model")
+    prompts = _prompts(data)
+    base: dict[str, Any] = {
+        "log_id": current_request_id() or "",
+        "max_tokens": data.max_tokens,
+        "stop": stop_list(data.stop),
+        "suffix": data.suffix,
+        "logprobs": data.logprobs if data.logprobs is not None else -1,
+    }
+    sampling = sampling_of(data)
+    total = len(prompts) * data.n
+    metrics: Metrics = request.app.state.metrics
+    ledger: Ledger = request.app.state.ledger
+    record = lambda p, c: ledger.record(entry.id, key_label(request.headers.get("authorization")), data.user or "", p, c)  # noqa: E731
+    acct = chat_relay.Completion(entry.id, metrics.timer(entry.id, time.perf_counter()), record, total, data.n)
+    worker = await acct.guard(pool.get(pool.key_for(entry, data.nctx, data.compute, data.ngl), entry))
+    structlog.contextvars.bind_contextvars(model=entry.id, worker_pid=worker.pid)
+    if data.keep_alive is not None:
+        worker.keepalive = data.keep_alive
+    streams = []
+    for i in range(total):
+        seed = sampling.seed if sampling.seed is None else sampling.seed + i % data.n
+        s = msgspec.structs.replace(sampling, seed=seed)
+        streams.append(worker.generate(**base, prompt=prompts[i // data.n], sampling=s))
+    merged = chat_relay.merged(streams) if total > 1 else chat_relay.tagged(streams[0])
+    choices = [_Choice(i, prompts[i // data.n] if data.echo else "", data.logprobs is not None) for i in range(total)]
+    cid = f"cmpl-{uuid.uuid4().hex[:24]}"
+    if not data.stream:
+        body = await acct.guard(unless_disconnected(request, _collect(acct, cid, choices, merged)))
+        return Response(_encode(body), media_type="application/json")
+    first = await acct.guard(anext(merged))
+    include_usage = bool(data.stream_options and data.stream_options.include_usage)
+    return ServerSentEvent(_sse(acct, cid, choices, first, merged, include_usage))
+
+
+async def _collect(acct: chat_relay.Completion, cid: str, choices: list[_Choice],
+                   stream: AsyncIterator[chat_relay.Tagged]) -> TextCompletion:  # fmt: skip
+    reasons: dict[int, str] = {}
+    async for i, msg in stream:
+        if isinstance(msg, wire.Done):
+            reasons[i] = msg.finish_reason
+            if acct.settle_done(i, msg):
+                break
+            continue
+        acct.first_token()
+        acct.tokens[i] = msg.n_tokens
+        choices[i].add(msg)
+    out = [CompletionChoice(c.index, "".join(c.parts), reasons.get(c.index), c.lp) for c in choices]
+    return TextCompletion(id=cid, object=OBJECT, created=acct.created, model=acct.model, choices=out, usage=acct.usage())
+
+
+def _chunk(acct: chat_relay.Completion, cid: str, choice: CompletionChoice) -> bytes:
+    return _encode(TextCompletion(id=cid, object=OBJECT, created=acct.created, model=acct.model, choices=[choice]))
+
+
+async def _sse(acct: chat_relay.Completion, cid: str, choices: list[_Choice], first: chat_relay.Tagged,
+               rest: AsyncIterator[chat_relay.Tagged], include_usage: bool) -> AsyncIterator[bytes]:  # fmt: skip
+    item = first
+    try:
+        for c in choices:  # an echoed prompt goes out at once
+            if c.parts:
+                yield _chunk(acct, cid, CompletionChoice(c.index, c.parts[0]))
+        while True:
+            i, msg = item
+            if isinstance(msg, wire.Done):
+                all_done = acct.settle_done(i, msg)
+                yield _chunk(acct, cid, CompletionChoice(i, "", msg.finish_reason))
+                if all_done:
+                    break
+            else:
+                acct.first_token()
+                acct.tokens[i] = msg.n_tokens
+                lp = choices[i].add(msg)
+                if msg.text or lp:
+                    yield _chunk(acct, cid, CompletionChoice(i, msg.text, None, lp))
+            item = await anext(rest)
+    except GenieXError as exc:
+        acct.settle("error")
+        log.warning("stream failed", error=exc.message, status=exc.status)
+        yield _encode({"error": exc.message})
+    except BaseException as exc:
+        acct.settle(chat_relay.outcome_of(exc))
+        raise
+    if include_usage and len(acct.dones) == acct.n:
+        usage = TextCompletion(id=cid, object=OBJECT, created=acct.created, model=acct.model, choices=[], usage=acct.usage())
+        yield _encode(usage)
+    yield b"[DONE]"
+
+
+handlers = [completions]

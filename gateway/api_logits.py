@@ -1,0 +1,61 @@
+"""POST /v1/logits: one forward pass on the model's worker, rows relayed as JSON."""
+
+from __future__ import annotations
+
+import sys
+from array import array
+
+import msgspec
+import structlog
+from litestar import Request, Response, post
+
+from gateway.disconnect import unless_disconnected
+from gateway.errors import BadRequest
+from gateway.pool import WorkerPool
+from gateway.request_id import current_request_id
+from gateway.store import ModelStore
+from protocol.logits import LogitRow, LogitsRequest, LogitsResponse
+from protocol.wire import LogitRows, Logits
+
+_encode = msgspec.json.Encoder().encode
+
+
+def _floats(raw: bytes, typecode: str) -> array:  # type: ignore[type-arg]
+    values = array(typecode, raw)
+    if sys.byteorder != "little":  # the wire carries little-endian arrays
+        values.byteswap()
+    return values
+
+
+def rows_of(r: LogitRows) -> list[LogitRow]:
+    width = r.top_n or r.vocab_size
+    logits = _floats(r.logits, "f")
+    ids = _floats(r.token_ids, "i") if r.top_n else None
+    return [
+        LogitRow(logits=logits[i * width : (i + 1) * width].tolist(),
+                 token_ids=ids[i * width : (i + 1) * width].tolist() if ids is not None else None)  # fmt: skip
+        for i in range(r.n_rows)
+    ]
+
+
+@post("/v1/logits", status_code=200)
+async def logits(request: Request, data: LogitsRequest) -> Response[bytes]:
+    store: ModelStore = request.app.state.store
+    pool: WorkerPool = request.app.state.pool
+    entry = store.resolve(data.model)
+    if entry.engine != "llama_cpp":
+        raise BadRequest(f"`model`: {entry.id} is served by {entry.engine}; logits need a llama.cpp model")
+    if not data.input_ids:
+        raise BadRequest("`input_ids`: at least one token id is required")
+    worker = await pool.get(pool.key_for(entry, data.nctx, data.compute, data.ngl), entry)
+    structlog.contextvars.bind_contextvars(model=entry.id, worker_pid=worker.pid, input_tokens=len(data.input_ids))
+    log_id = current_request_id() or ""
+    call = worker.call(lambda req_id: Logits(req_id, log_id, data.input_ids, data.last_only, data.top_n))
+    reply = await unless_disconnected(request, call)
+    assert isinstance(reply, LogitRows)
+    body = LogitsResponse(model=entry.id, n_rows=reply.n_rows, vocab_size=reply.vocab_size, top_n=reply.top_n,
+                          rows=rows_of(reply))  # fmt: skip
+    return Response(_encode(body), media_type="application/json")
+
+
+handlers = [logits]
