@@ -26,6 +26,8 @@ class WorkerInfo(msgspec.Struct):
     tokens_generated: int
     keepalive_s: float
     exit_reason: str | None = None
+    engine: str | None = None
+    provider: str | None = None  # what ran the model, as the worker measured it (e.g. QNNExecutionProvider)
 
 
 class WorkerTable(msgspec.Struct):
@@ -83,6 +85,8 @@ async def workers(request: Request) -> WorkerTable:
                 tokens_generated=h.tokens_generated,
                 keepalive_s=pool.keepalive_of(h),
                 exit_reason=h.exit_reason,
+                engine=h.ready_info.engine if h.ready_info else h.spec.engine,
+                provider=(h.ready_info.provider or None) if h.ready_info else None,
             )
         )
     return WorkerTable(object="list", data=rows)

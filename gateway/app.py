@@ -16,6 +16,7 @@ from sdnotify import SystemdNotifier
 from gateway import (
     api_chat,
     api_completions,
+    api_embeddings,
     api_health,
     api_logits,
     api_models,
@@ -111,6 +112,7 @@ def create_app(settings: Settings) -> Litestar:
             *api_chat.handlers,
             *api_completions.handlers,
             *api_logits.handlers,
+            *api_embeddings.handlers,
             *api_models.handlers,
             *api_health.handlers,
             *api_ops.handlers,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import importlib.util
 
 import structlog
 
@@ -31,8 +32,22 @@ def resolve_compute(requested: str | None, engine: str) -> str:
             return "gpu"
         _warn_once(unit, engine, "this llama.cpp build has no GPU/NPU offload")
         return "cpu"
+    if engine == "onnx" and unit == "npu":
+        if _qnn_installed():
+            return "npu"  # the worker runs the QNN execution provider, and reports whether it took the model
+        _warn_once(unit, engine, "the onnxruntime-qnn package is not installed")
+        return "cpu"
     _warn_once(unit, engine, f"engine {engine} has no {unit} support here")
     return "cpu"
+
+
+@functools.cache
+def _qnn_installed() -> bool:
+    """Without importing it (the gateway never loads an engine): is the QNN plugin there?"""
+    try:
+        return importlib.util.find_spec("onnxruntime_qnn") is not None
+    except (ImportError, ValueError):
+        return False
 
 
 @functools.cache

@@ -90,6 +90,8 @@ def _kv_bytes_per_token(path: str, mtime: float) -> int:
 
 def estimate_worker_bytes(path: str, total_ctx_tokens: int) -> int:
     try:
+        if os.path.isdir(path):  # an ONNX model folder: its files, no KV cache
+            return sum(f.stat().st_size for f in os.scandir(path) if f.is_file()) + WORKER_OVERHEAD
         size = os.path.getsize(path)
         mtime = os.path.getmtime(path)
     except OSError:

@@ -20,9 +20,10 @@ Command = Callable[[argparse.Namespace], int]
 
 
 def add_model_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    p = sub.add_parser("pull", help="download a GGUF model from Hugging Face, or import a local one")
+    p = sub.add_parser("pull", help="download a GGUF model from Hugging Face, or import a local GGUF or ONNX model")
     p.add_argument("name", help="org/repo or org/repo:precision, e.g. bartowski/Llama-3.2-1B-Instruct-GGUF:Q4_K_M")
-    p.add_argument("--local", type=Path, metavar="PATH", help="import this GGUF file instead of downloading")
+    p.add_argument("--local", type=Path, metavar="PATH",
+                   help="import this GGUF file, or ONNX model folder (model.onnx + tokenizer.json), instead of downloading")
     _add_data_dir(p)
     p.set_defaults(func=_guarded(_pull))
 

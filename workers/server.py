@@ -20,18 +20,20 @@ from protocol.wire import (
     Cancel,
     Done,
     Dying,
+    Embed,
     Failed,
     FromWorker,
     Generate,
     Logits,
     Ping,
     Pong,
+    Rerank,
     SetThreads,
     Shutdown,
     Warmup,
     worker_codec,
 )
-from workers.engines import Engine, EngineError
+from workers.engines import TASKS, Engine, EngineError, serves
 
 log = structlog.get_logger("worker")
 
@@ -77,7 +79,11 @@ class WorkerServer:
 
     def _handle(self, msg: object) -> None:
         match msg:
-            case Generate() | Logits():
+            case Generate() | Logits() | Embed() | Rerank():
+                if not serves(self.engine, msg):
+                    self.send(Failed(msg.req_id, 400, f"this model does not support {TASKS[type(msg)]}",
+                                     "unsupported_task"))  # fmt: skip
+                    return
                 try:
                     self.engine.submit(msg)
                 except EngineError as exc:

@@ -9,7 +9,7 @@ import importlib
 from collections.abc import Callable
 from typing import Protocol
 
-from protocol.wire import FromWorker, Generate, Ready
+from protocol.wire import Embed, FromWorker, Generate, Logits, Ready, Rerank
 
 
 class EngineError(Exception):
@@ -24,8 +24,21 @@ class EngineError(Exception):
 
 Emit = Callable[[FromWorker], None]
 
+# What each request kind asks of an engine, as a refusal names it.
+TASKS: dict[type, str] = {Generate: "text generation", Logits: "logits", Embed: "embeddings", Rerank: "reranking"}
+# The kinds an engine serves when it does not say (`Engine.serves`): the text-generation engines.
+DEFAULT_SERVES: tuple[type, ...] = (Generate, Logits)
+
+
+def serves(engine: object, request: object) -> bool:
+    """Whether `engine` takes this kind of request (its `serves` tuple, else DEFAULT_SERVES)."""
+    return type(request) in getattr(engine, "serves", DEFAULT_SERVES)
+
 
 class Engine(Protocol):
+    # Optional class attribute `serves`: the request kinds (Generate, Logits, Embed, Rerank) that
+    # `submit` accepts; the worker answers any other kind with a 400 before it reaches `submit`.
+
     def ready(self) -> Ready:
         """Facts about the loaded model, sent once as the worker's first message."""
         ...
@@ -66,7 +79,11 @@ class EngineOptions(Protocol):
 
 # name -> "module:factory"; the factory takes EngineOptions and returns a loaded Engine.
 ENGINES: dict[str, str] = {
-    "llama_cpp": "workers.engines.llama:load",
+    # A GGUF: text generation (llama.py), or embeddings/reranking when the file declares a
+    # pooling or is an encoder architecture (llama_embed.py); `load_gguf` reads which.
+    "llama_cpp": "workers.engines.llama_embed:load_gguf",
+    "llama_embed": "workers.engines.llama_embed:load",
+    "onnx": "workers.engines.onnx:load",
 }
 
 
