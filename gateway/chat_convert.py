@@ -130,5 +130,6 @@ def generate_fields(req: ChatRequest, log_id: str, store: ModelStore, grammar_di
         "logit_bias": _logit_bias(req.logit_bias),
         "logprobs": (req.top_logprobs or 0) if req.logprobs else -1,
         "special": shape.tools is not None or shape.reasoning,
+        "reasoning": shape.reasoning,
         "tools": [msgspec.to_builtins(t) for t in req.tools] if req.tools and tools != "none" else None,
     }

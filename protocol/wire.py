@@ -73,6 +73,9 @@ class Generate(msgspec.Struct, tag="generate", array_like=True, omit_defaults=Tr
     special: bool = False  # render control tokens (<|channel|>, [TOOL_CALLS]) so the gateway can parse them
     tools: list[dict[str, Any]] | None = None  # OpenAI tool definitions, for the chat template
     suffix: str | None = None  # with `prompt`: fill in the middle, between prompt and suffix
+    # The gateway splits reasoning off: if the template itself opened a `<think>` block
+    # (thinking forced on), the worker starts the output with that tag so the split sees it.
+    reasoning: bool = False
 
 
 class Logits(msgspec.Struct, tag="logits", array_like=True):

@@ -84,6 +84,18 @@ class Slot:
     history: list[int] = field(default_factory=list)
     spec: SpecState | None = None  # set only for a request that speculates
     logprobs: list[TokenLogprob] | None = None  # tokens not yet sent, for a request that wants logprobs
+    prefix: str = ""  # text to put before the first output (a `<think>` the prompt opened)
+
+
+@dataclass
+class Queued:
+    """A request accepted but not yet in a slot, with what submit() prepared for it (the
+    sampler is built there so that a bad grammar is refused before the request queues)."""
+
+    req: Generate
+    tokens: list[int]
+    sampler: ctypes.c_void_p
+    prefix: str = ""
 
 
 class LlamaEngine:
@@ -120,9 +132,7 @@ class LlamaEngine:
         )
         self.add_bos = bool(L.llama_vocab_get_add_bos(self.vocab))
         self.slots = [Slot(seq=i) for i in range(self.parallel)]
-        # Requests accepted but not yet in a slot, with their sampler chain (built at
-        # submit so that a bad grammar is refused before the request is queued).
-        self.waiting: deque[tuple[Generate, list[int], ctypes.c_void_p]] = deque()
+        self.waiting: deque[Queued] = deque()
         self.logit_jobs: deque[LogitsJob] = deque()
         self.tokens_generated = 0
         self._piece_buf = ctypes.create_string_buffer(256)
@@ -160,14 +170,14 @@ class LlamaEngine:
             return
         if req.speculation is not None:
             self._check_speculation(req.speculation)
-        tokens = self._prompt_tokens(req)
+        tokens, prefix = self._prompt_tokens(req)
         if len(tokens) >= self.nctx:
             raise EngineError(
                 f"the prompt is {len(tokens)} tokens, but the context is {self.nctx}; "
                 "shorten it or ask for a larger `nctx`",
                 code="context_length_exceeded",
             )
-        self.waiting.append((req, tokens, self._sampler(req)))
+        self.waiting.append(Queued(req, tokens, self._sampler(req), prefix))
 
     def cancel(self, req_id: int, emit: Emit) -> None:
         for job in self.logit_jobs:
@@ -175,10 +185,10 @@ class LlamaEngine:
                 self.logit_jobs.remove(job)
                 emit(Done(req_id, "cancelled"))
                 return
-        for i, (req, _, sampler) in enumerate(self.waiting):
-            if req.req_id == req_id:
+        for i, q in enumerate(self.waiting):
+            if q.req.req_id == req_id:
                 del self.waiting[i]
-                L.llama_sampler_free(sampler)
+                L.llama_sampler_free(q.sampler)
                 emit(Done(req_id, "cancelled"))
                 return
         for slot in self.slots:
@@ -208,8 +218,8 @@ class LlamaEngine:
     def close(self) -> None:
         for slot in self.slots:
             self._release(slot)
-        for _, _, sampler in self.waiting:
-            L.llama_sampler_free(sampler)
+        for q in self.waiting:
+            L.llama_sampler_free(q.sampler)
         self.waiting.clear()
         for draft in self.draft_models.values():
             draft.close()
@@ -312,6 +322,8 @@ class LlamaEngine:
     @staticmethod
     def _emit_text(slot: Slot, text: str, emit: Emit) -> None:
         assert slot.req is not None
+        if slot.prefix:
+            text, slot.prefix = slot.prefix + text, ""
         lps = slot.logprobs
         if lps:  # the tokens this text came from (a held-back token waits for its text)
             slot.logprobs = []
@@ -437,7 +449,8 @@ class LlamaEngine:
             free = [s for s in self.slots if s.req is None]
             if not free:
                 return
-            req, tokens, sampler = self.waiting.popleft()
+            q = self.waiting.popleft()
+            req, tokens = q.req, q.tokens
             slot, reuse = self._pick_slot(free, tokens, req.keep_cache)
             # Keep the KV of the shared prefix, drop the rest; at least one prompt
             # token must be evaluated so there are logits to sample from.
@@ -453,7 +466,8 @@ class LlamaEngine:
             room = self.nctx - len(tokens)
             wanted = req.max_tokens if req.max_tokens is not None else DEFAULT_MAX_TOKENS
             slot.max_tokens = max(1, min(wanted, room))
-            slot.sampler = sampler
+            slot.sampler = q.sampler
+            slot.prefix = q.prefix
             slot.text = TextStream(req.stop)
             slot.logprobs = [] if req.logprobs >= 0 else None
             if req.speculation is not None:
@@ -500,6 +514,7 @@ class LlamaEngine:
         slot.sampler = None
         slot.text = None
         slot.logprobs = None
+        slot.prefix = ""
         slot.pending_prompt = []
         slot.row = -1
 
@@ -539,19 +554,23 @@ class LlamaEngine:
 
     # ---- tokens ------------------------------------------------------------
 
-    def _prompt_tokens(self, req: Generate) -> list[int]:
+    def _prompt_tokens(self, req: Generate) -> tuple[list[int], str]:
+        """The prompt's tokens, and the text the output must start with (see Generate.reasoning)."""
+        prefix = ""
         if req.messages is not None:
             try:
                 text = self.template.render(req.messages, req.template_vars, req.tools)
             except TemplateError as exc:
                 raise EngineError(f"`messages`: {exc}") from exc
+            if req.reasoning and _opens_think(text):
+                prefix = "<think>"
         else:
             text = req.prompt or ""
             if req.suffix is not None:
-                return self._fim_tokens(text, req.suffix)
+                return self._fim_tokens(text, req.suffix), ""
         bos = self.template.bos_token
         add_special = self.add_bos and not (bos and text.startswith(bos))
-        return self.tokenize(text, add_special=add_special)
+        return self.tokenize(text, add_special=add_special), prefix
 
     def _fim_tokens(self, prefix: str, suffix: str) -> list[int]:
         """<fim_pre>prefix<fim_suf>suffix<fim_mid>: the model writes what goes between."""
@@ -587,6 +606,12 @@ class LlamaEngine:
         buf = ctypes.create_string_buffer(256)
         n = L.llama_token_to_piece(self.vocab, token, buf, 256, 0, True)
         return buf.raw[: max(n, 0)].decode(errors="replace")
+
+
+def _opens_think(prompt: str) -> bool:
+    """The generation prompt ends inside a `<think>` block it opened (thinking forced on)."""
+    tail = prompt.rstrip()
+    return tail.endswith("<think>")
 
 
 def _common_prefix(a: list[int], b: list[int]) -> int:
