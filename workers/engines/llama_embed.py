@@ -60,7 +60,7 @@ def gguf_kind(path: str) -> tuple[str, int | None]:
     params.vocab_only = True
     model = L.llama_model_load_from_file(path.encode(), params)
     if not model:
-        raise EngineError(f"llama.cpp could not read {path}", status=500)
+        raise EngineError(f"llama.cpp could not load {path}", status=500)
     try:
         arch = _meta(model, "general.architecture") or ""
         pooling = _meta(model, f"{arch}.pooling_type")
