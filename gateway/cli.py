@@ -52,6 +52,8 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
       help="crashes within --crash-window after which a model is refused for --crash-backoff (0: never)")  # fmt: skip
     a("--crash-window", type=float, default=_env("crash_window", 60.0, float))
     a("--crash-backoff", type=float, default=_env("crash_backoff", 30.0, float))
+    a("--stream-interval", dest="stream_interval_ms", type=int, default=_env("stream_interval", 20, int),
+      help="ms: tokens generated closer together than this are sent in one chunk (0: one chunk per token)")  # fmt: skip
     a("--grammar-dir", dest="grammar_dirs", action="append", type=Path,
       default=[Path(d) for d in _env("grammar_dir", "", str).split(os.pathsep) if d],
       help="a folder `grammar_path` may read GBNF files from (repeatable; none by default)")  # fmt: skip
@@ -87,6 +89,7 @@ def _serve(args: argparse.Namespace) -> int:
         crash_window=args.crash_window,
         crash_backoff=args.crash_backoff,
         grammar_dirs=args.grammar_dirs,
+        stream_interval_ms=args.stream_interval_ms,
     )
     configure_logging(settings.log_level)
     app = create_app(settings)

@@ -36,6 +36,7 @@ class Settings(msgspec.Struct, kw_only=True):
     crash_limit: int = 3  # crashes within crash_window that trigger a backoff; 0 disables it
     crash_window: float = 60.0
     crash_backoff: float = 30.0
+    stream_interval_ms: int = 20  # tokens closer together than this share one Delta/chunk (0: never)
     grammar_dirs: list[Path] = []  # where `grammar_path` may read from; none by default
 
 

@@ -66,6 +66,7 @@ class WorkerSpec:
         log_level: str,
         load_timeout: float,
         max_queue: int,
+        stream_interval_ms: int = 0,
     ) -> None:
         self.key = key
         self.model_path = model_path
@@ -76,6 +77,7 @@ class WorkerSpec:
         self.log_level = log_level
         self.load_timeout = load_timeout
         self.max_queue = max_queue
+        self.stream_interval_ms = stream_interval_ms
 
 
 class _Pending:
@@ -177,6 +179,7 @@ class WorkerHandle:
             "--ngl", str(s.ngl),
             "--parallel", str(s.parallel),
             "--threads", str(s.threads),
+            "--stream-interval-ms", str(s.stream_interval_ms),
             "--inbox", self._inbox,
             "--outbox", self._outbox,
             "--parent-pid", str(os.getpid()),

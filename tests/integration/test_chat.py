@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import httpx
 import openai
@@ -222,3 +223,28 @@ def test_unavailable_compute_falls_back_to_cpu(client: openai.OpenAI, server: Se
     r = chat(client, max_tokens=2, extra_body={"compute": "npu"})
     assert r.choices[0].message.content is not None
     assert "falling back to cpu" in server.log()
+
+
+def test_stream_interval_groups_tokens_without_changing_the_text(client: openai.OpenAI, tmp_path: Path) -> None:
+    """--stream-interval: tokens closer together than it share a chunk; the first goes at once."""
+    kw = {"model": MODEL, "messages": [{"role": "user", "content": "Count from one to twenty."}], "max_tokens": 30,
+          "temperature": 0, "stream": True, "stream_options": {"include_usage": True}}  # fmt: skip
+
+    def pieces(c: openai.OpenAI) -> tuple[list[str], int]:
+        chunks = list(c.chat.completions.create(**kw))  # type: ignore[call-overload]
+        return [ch.choices[0].delta.content for ch in chunks if ch.choices and ch.choices[0].delta.content], chunks[-1].usage.completion_tokens
+
+    for interval, expect in (("0", "one per token"), ("60000", "first, then the rest")):
+        srv = ServerProcess(tmp_path / f"data{interval}", "--nctx", "2048", "--stream-interval", interval)
+        try:
+            srv.wait_ready()
+            c = openai.OpenAI(base_url=f"{srv.base_url}/v1", api_key="unused", max_retries=0, timeout=120)
+            got, tokens = pieces(c)
+        finally:
+            srv.stop()
+        ref, _ = pieces(client)
+        assert "".join(got) == "".join(ref)
+        if expect == "one per token":
+            assert len(got) == tokens  # SmolLM2's pieces here are whole ASCII tokens
+        else:
+            assert len(got) == 2, got

@@ -75,6 +75,7 @@ class EngineOptions(Protocol):
     ngl: int
     parallel: int
     threads: int
+    stream_interval_ms: int  # 0: send each token's text as it comes
 
 
 # name -> "module:factory"; the factory takes EngineOptions and returns a loaded Engine.
