@@ -61,6 +61,9 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
 
 
 def _serve(args: argparse.Namespace) -> int:
+    from protocol.startup import skip_rich
+
+    skip_rich()
     import uvicorn
 
     from gateway.app import create_app

@@ -22,7 +22,10 @@ def configure_logging(level: str | None = None, **bound: object) -> None:
     ]
     if bound:
         processors.insert(1, _bind(bound))
-    processors.append(structlog.dev.ConsoleRenderer(colors=False) if tty else structlog.processors.JSONRenderer())
+    if tty:
+        processors.append(structlog.dev.ConsoleRenderer(colors=False))
+    else:  # the traceback of log.exception() as an `exception` string, not a bare `exc_info: true`
+        processors += [structlog.processors.format_exc_info, structlog.processors.JSONRenderer()]
     structlog.configure(
         processors=processors,
         wrapper_class=structlog.make_filtering_bound_logger(lvl),

@@ -8,7 +8,11 @@ import os
 import signal
 import sys
 
-from protocol.logs import configure_logging
+from protocol.startup import skip_rich
+
+skip_rich()  # before structlog is imported, below
+
+from protocol.logs import configure_logging  # noqa: E402
 
 PR_SET_PDEATHSIG = 1
 
