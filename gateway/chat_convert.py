@@ -12,8 +12,7 @@ from gateway.chat_constraints import constraint_of, tool_mode
 from gateway.errors import BadRequest
 from gateway.speculation import speculation_of
 from gateway.store import ModelStore
-from protocol.chat import ChatMessage, ChatRequest
-from protocol.completions import CompletionRequest
+from protocol.chat import ChatMessage, ChatRequest, GenerationRequest
 from protocol.wire import Sampling
 
 SPLIT_REASONING = ("deepseek", "deepseek-legacy", "auto")
@@ -61,7 +60,7 @@ def _logit_bias(bias: dict[str, float] | None) -> list[tuple[int, float]]:
     return out
 
 
-def sampling_of(req: ChatRequest | CompletionRequest) -> Sampling:
+def sampling_of(req: GenerationRequest) -> Sampling:
     defaults = Sampling()
     return Sampling(
         temperature=defaults.temperature if req.temperature is None else req.temperature,

@@ -70,13 +70,12 @@ Penalty = Annotated[float, Meta(ge=-2, le=2)]
 PositiveInt = Annotated[int, Meta(ge=1)]
 
 
-class ChatRequest(msgspec.Struct, kw_only=True):
+class GenerationRequest(msgspec.Struct, kw_only=True):
+    """What chat and text completions share: the model, sampling, stop, n and placement."""
+
     model: str
-    messages: list[ChatMessage]
     stream: bool = False
     stream_options: StreamOptions | None = None
-    max_completion_tokens: PositiveInt | None = None
-    max_tokens: PositiveInt | None = None  # deprecated alias; ignored when both are present
     temperature: Annotated[float, Meta(ge=0, le=2)] | None = None
     top_p: Unit | None = None
     top_k: Annotated[int, Meta(ge=0)] | None = None
@@ -92,10 +91,16 @@ class ChatRequest(msgspec.Struct, kw_only=True):
     nctx: PositiveInt | None = None
     ngl: int | None = None
     compute: Compute | None = None
+    keep_alive: float | None = None
+
+
+class ChatRequest(GenerationRequest, kw_only=True):
+    messages: list[ChatMessage]
+    max_completion_tokens: PositiveInt | None = None
+    max_tokens: PositiveInt | None = None  # deprecated alias; ignored when both are present
     enable_think: bool | None = None
     enable_json: bool = False
     reasoning_format: ReasoningFormat | None = None
-    keep_alive: float | None = None
     # Accepted so that clients sending them get a clear answer, not a silent ignore.
     tools: list[Tool] | None = None
     tool_choice: str | dict[str, Any] | None = None

@@ -186,3 +186,21 @@ class EmbeddingQueue:
             vectors = finish(out)
             scores = vectors[1:] @ vectors[0]
         return Scores(req.req_id, [float(s) for s in scores], job.prompt_tokens, self.mode)
+
+
+class QueuedEngine:
+    """The Engine methods of an embedding engine that only hand over to its EmbeddingQueue."""
+
+    queue: EmbeddingQueue
+
+    def cancel(self, req_id: int, emit: Emit) -> None:
+        self.queue.cancel(req_id, emit)
+
+    def has_work(self) -> bool:
+        return self.queue.has_work()
+
+    def step(self, emit: Emit) -> None:
+        self.queue.step(emit)
+
+    def stats(self) -> tuple[int, int, int]:
+        return min(1, len(self.queue.jobs)), max(0, len(self.queue.jobs) - 1), 0

@@ -25,8 +25,8 @@ import psutil
 import structlog
 
 from protocol.wire import PROTOCOL_VERSION, Embed, Ready, Rerank
-from workers.embedding_jobs import EmbeddingQueue, Seq, check_lengths, check_token_ids, pool
-from workers.engines import Emit, Engine, EngineError, EngineOptions
+from workers.embedding_jobs import EmbeddingQueue, QueuedEngine, Seq, check_lengths, check_token_ids, pool
+from workers.engines import Engine, EngineError, EngineOptions
 
 log = structlog.get_logger("worker.llama_embed")
 
@@ -74,7 +74,7 @@ def is_embedding_gguf(path: str) -> bool:
     return arch in ENCODER_ARCHS or (pooling is not None and pooling != L.LLAMA_POOLING_TYPE_NONE)
 
 
-class LlamaEmbedEngine:
+class LlamaEmbedEngine(QueuedEngine):
     name = "llama_cpp"
     serves = (Embed, Rerank)
 
@@ -254,18 +254,6 @@ class LlamaEmbedEngine:
             check_lengths(seqs[:1], self.max_len, "query")
             check_lengths(seqs[1:], self.max_len, "documents")
         self.queue.submit_rerank(req, seqs)
-
-    def cancel(self, req_id: int, emit: Emit) -> None:
-        self.queue.cancel(req_id, emit)
-
-    def has_work(self) -> bool:
-        return self.queue.has_work()
-
-    def step(self, emit: Emit) -> None:
-        self.queue.step(emit)
-
-    def stats(self) -> tuple[int, int, int]:
-        return min(1, len(self.queue.jobs)), max(0, len(self.queue.jobs) - 1), 0
 
     def set_threads(self, n: int) -> None:
         n = max(1, min(n, self.max_threads))

@@ -40,8 +40,8 @@ import structlog
 from tokenizers import Tokenizer
 
 from protocol.wire import PROTOCOL_VERSION, Embed, Ready, Rerank
-from workers.embedding_jobs import EmbeddingQueue, Seq, check_lengths, check_token_ids, pool
-from workers.engines import Emit, EngineError, EngineOptions
+from workers.embedding_jobs import EmbeddingQueue, QueuedEngine, Seq, check_lengths, check_token_ids, pool
+from workers.engines import EngineError, EngineOptions
 
 log = structlog.get_logger("worker.onnx")
 
@@ -131,7 +131,7 @@ def bucket(n: int, sizes: tuple[int, ...]) -> int:
     return next((s for s in sizes if s >= n), sizes[-1])
 
 
-class OnnxEngine:
+class OnnxEngine(QueuedEngine):
     name = "onnx"
     serves = (Embed, Rerank)
 
@@ -353,18 +353,6 @@ class OnnxEngine:
             check_token_ids(req.token_ids, self.n_vocab)
             return [Seq(list(row)) for row in req.token_ids]
         return [Seq(e.ids) for e in self.tokenizer.encode_batch(req.texts or [])]
-
-    def cancel(self, req_id: int, emit: Emit) -> None:
-        self.queue.cancel(req_id, emit)
-
-    def has_work(self) -> bool:
-        return self.queue.has_work()
-
-    def step(self, emit: Emit) -> None:
-        self.queue.step(emit)
-
-    def stats(self) -> tuple[int, int, int]:
-        return min(1, len(self.queue.jobs)), max(0, len(self.queue.jobs) - 1), 0
 
     def set_threads(self, n: int) -> None:
         pass  # onnxruntime fixes a session's threads when it is created; spinning is off instead
