@@ -52,9 +52,9 @@ from workers.drafters import NGRAM_DRAFTERS, make_drafter
 from workers.engines import Emit, EngineError, EngineOptions
 from workers.engines.llama_context import slot_context
 from workers.engines.llama_draft import DraftModel, SpecState
-from workers.engines.llama_grammar import grammar_sampler
 from workers.engines.llama_logits import LogitsJob
 from workers.engines.llama_logprobs import token_logprobs
+from workers.engines.llama_sampling import Sampler, build_sampler
 from workers.text_stream import TextStream
 
 log = structlog.get_logger("worker.llama")
@@ -75,7 +75,7 @@ class Slot:
     max_tokens: int = 0
     last_token: int = -1
     row: int = -1  # this step's output row in the batch, or -1
-    sampler: ctypes.c_void_p | None = None
+    sampler: Sampler | None = None
     text: TextStream | None = None
     started: float = 0.0
     n_cached: int = 0  # prompt tokens whose KV was reused from the previous turn
@@ -95,7 +95,7 @@ class Queued:
 
     req: Generate
     tokens: list[int]
-    sampler: ctypes.c_void_p
+    sampler: Sampler
     prefix: str = ""
 
 
@@ -183,7 +183,7 @@ class LlamaEngine:
                 "shorten it or ask for a larger `nctx`",
                 code="context_length_exceeded",
             )
-        self.waiting.append(Queued(req, tokens, self._sampler(req), prefix))
+        self.waiting.append(Queued(req, tokens, build_sampler(req, self.vocab, self.n_vocab), prefix))
 
     def cancel(self, req_id: int, emit: Emit) -> None:
         for job in self.logit_jobs:
@@ -194,7 +194,7 @@ class LlamaEngine:
         for i, q in enumerate(self.waiting):
             if q.req.req_id == req_id:
                 del self.waiting[i]
-                L.llama_sampler_free(q.sampler)
+                q.sampler.free()
                 emit(Done(req_id, "cancelled"))
                 return
         for slot in self.slots:
@@ -225,7 +225,7 @@ class LlamaEngine:
         for slot in self.slots:
             self._release(slot)
         for q in self.waiting:
-            L.llama_sampler_free(q.sampler)
+            q.sampler.free()
         self.waiting.clear()
         for draft in self.draft_models.values():
             draft.close()
@@ -295,7 +295,8 @@ class LlamaEngine:
         return n + 1
 
     def _sample(self, slot: Slot, emit: Emit) -> None:
-        self._take(slot, L.llama_sampler_sample(slot.sampler, self.ctx, slot.row), emit, slot.row)
+        assert slot.sampler is not None
+        self._take(slot, slot.sampler.sample(self.ctx, slot.row), emit, slot.row)
 
     def _take(self, slot: Slot, tok: int, emit: Emit, row: int) -> bool:
         """Emit one sampled token; False when it ended the generation (the slot is released)."""
@@ -394,14 +395,14 @@ class LlamaEngine:
     def _verify(self, slot: Slot, emit: Emit) -> None:
         """Sample the rows of [last_token, d1..dk] in order; keep the draft while it matches."""
         spec = slot.spec
-        assert spec is not None
+        assert spec is not None and slot.sampler is not None
         draft, spec.draft = spec.draft, []
         k = len(draft)
         base = slot.n_past - k - 1  # the position of last_token
         acc0, rej0 = spec.accepted, spec.rejected
         accepted = 0
         for i in range(k + 1):
-            tok = L.llama_sampler_sample(slot.sampler, self.ctx, slot.row + i)
+            tok = slot.sampler.sample(self.ctx, slot.row + i)
             hit = i < k and tok == draft[i]
             accepted += hit
             # Before _take: it may finish the request, and Done carries these counts. The KV
@@ -508,8 +509,8 @@ class LlamaEngine:
         return SpecState(cfg, model=self._draft_model(cfg.draft_path))
 
     def _release(self, slot: Slot) -> None:
-        if slot.sampler:
-            L.llama_sampler_free(slot.sampler)
+        if slot.sampler is not None:
+            slot.sampler.free()
         if slot.spec is not None:
             if slot.spec.model is not None:
                 slot.spec.model.forget(slot.seq)  # the next request of this slot starts a fresh draft KV
@@ -529,40 +530,6 @@ class LlamaEngine:
         slot.prefix = ""
         slot.pending_prompt = []
         slot.row = -1
-
-    def _sampler(self, req: Generate) -> ctypes.c_void_p:
-        """The request's native sampler chain. A grammar comes first, so every later stage
-        (top-k, greedy...) only ever sees tokens the grammar allows."""
-        s = req.sampling
-        for tok, _ in req.logit_bias:
-            if not 0 <= tok < self.n_vocab:
-                raise EngineError(f"`logit_bias`: token id {tok} is not in the vocabulary (0..{self.n_vocab - 1})")
-        grammar = grammar_sampler(self.vocab, req.constraint) if req.constraint is not None else None
-        params = L.llama_sampler_chain_default_params()
-        params.no_perf = True
-        chain = L.llama_sampler_chain_init(params)
-        add = L.llama_sampler_chain_add
-        if grammar is not None:
-            add(chain, grammar)
-        if req.logit_bias:
-            biases = (L.llama_logit_bias * len(req.logit_bias))(*req.logit_bias)
-            add(chain, L.llama_sampler_init_logit_bias(self.n_vocab, len(req.logit_bias), biases))
-        if s.repeat_penalty != 1.0 or s.frequency_penalty or s.presence_penalty:
-            add(chain, L.llama_sampler_init_penalties(
-                self.n_vocab, s.penalty_last_n, s.repeat_penalty, s.frequency_penalty, s.presence_penalty))  # fmt: skip
-        if s.temperature <= 0:
-            add(chain, L.llama_sampler_init_greedy())
-            return chain
-        if s.top_k > 0:
-            add(chain, L.llama_sampler_init_top_k(s.top_k))
-        if s.top_p < 1.0:
-            add(chain, L.llama_sampler_init_top_p(s.top_p, 1))
-        if s.min_p > 0.0:
-            add(chain, L.llama_sampler_init_min_p(s.min_p, 1))
-        add(chain, L.llama_sampler_init_temp(s.temperature))
-        seed = s.seed if s.seed is not None else L.LLAMA_DEFAULT_SEED
-        add(chain, L.llama_sampler_init_dist(seed & 0xFFFFFFFF))
-        return chain
 
     # ---- tokens ------------------------------------------------------------
 

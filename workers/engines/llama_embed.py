@@ -25,7 +25,14 @@ import psutil
 import structlog
 
 from protocol.wire import PROTOCOL_VERSION, Embed, Ready, Rerank
-from workers.embedding_jobs import EmbeddingQueue, QueuedEngine, Seq, check_lengths, check_token_ids, pool
+from workers.embedding_jobs import (
+    EmbeddingQueue,
+    QueuedEngine,
+    Seq,
+    check_lengths,
+    check_token_ids,
+    pool,
+)
 from workers.engines import Engine, EngineError, EngineOptions
 
 log = structlog.get_logger("worker.llama_embed")

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import llama_cpp as L
 import numpy as np
 
-from protocol.wire import Logits, LogitRows
+from protocol.wire import LogitRows, Logits
 from workers.engines import EngineError
 
 # Rows per llama_decode when every row is wanted: llama.cpp keeps an output buffer of

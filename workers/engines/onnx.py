@@ -40,7 +40,14 @@ import structlog
 from tokenizers import Tokenizer
 
 from protocol.wire import PROTOCOL_VERSION, Embed, Ready, Rerank
-from workers.embedding_jobs import EmbeddingQueue, QueuedEngine, Seq, check_lengths, check_token_ids, pool
+from workers.embedding_jobs import (
+    EmbeddingQueue,
+    QueuedEngine,
+    Seq,
+    check_lengths,
+    check_token_ids,
+    pool,
+)
 from workers.engines import EngineError, EngineOptions
 
 log = structlog.get_logger("worker.onnx")
