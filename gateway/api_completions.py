@@ -9,6 +9,7 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import AsyncIterator
+from functools import partial
 from typing import Any
 
 import msgspec
@@ -91,7 +92,7 @@ async def completions(request: Request, data: CompletionRequest) -> Response[byt
     total = len(prompts) * data.n
     metrics: Metrics = request.app.state.metrics
     ledger: Ledger = request.app.state.ledger
-    record = lambda p, c: ledger.record(entry.id, key_label(request.headers.get("authorization")), data.user or "", p, c)  # noqa: E731
+    record = partial(ledger.record, entry.id, key_label(request.headers.get("authorization")), data.user or "")
     acct = chat_relay.Completion(entry.id, metrics.timer(entry.id, time.perf_counter()), record, total, data.n)
     worker = await acct.guard(pool.get(pool.key_for(entry, data.nctx, data.compute, data.ngl), entry))
     structlog.contextvars.bind_contextvars(model=entry.id, worker_pid=worker.pid)

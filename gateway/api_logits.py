@@ -31,11 +31,11 @@ def rows_of(r: LogitRows) -> list[LogitRow]:
     width = r.top_n or r.vocab_size
     logits = _floats(r.logits, "f")
     ids = _floats(r.token_ids, "i") if r.top_n else None
-    return [
-        LogitRow(logits=logits[i * width : (i + 1) * width].tolist(),
-                 token_ids=ids[i * width : (i + 1) * width].tolist() if ids is not None else None)  # fmt: skip
-        for i in range(r.n_rows)
-    ]
+    rows = []
+    for i in range(r.n_rows):
+        cut = slice(i * width, (i + 1) * width)
+        rows.append(LogitRow(logits=logits[cut].tolist(), token_ids=ids[cut].tolist() if ids is not None else None))
+    return rows
 
 
 @post("/v1/logits", status_code=200)

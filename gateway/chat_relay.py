@@ -84,7 +84,7 @@ class Completion:
         if self.on_usage is not None and (outcome == "ok" or u.completion_tokens > 0):
             try:
                 self.on_usage(u.prompt_tokens, u.completion_tokens)
-            except Exception as exc:  # accounting must never break an answer already produced
+            except Exception as exc:  # noqa: BLE001 - accounting must never break an answer already produced
                 log.error("usage not recorded", error=repr(exc))
 
     def settle_done(self, index: int, done: Done) -> bool:

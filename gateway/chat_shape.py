@@ -22,14 +22,18 @@ def new_call_id() -> str:
     return f"call_{uuid.uuid4().hex[:24]}"
 
 
+def _top(raw: bytes, logprob: float) -> chat.TopLogprob:
+    return chat.TopLogprob(token=raw.decode(errors="replace"), logprob=logprob, bytes=list(raw))
+
+
 def convert_logprobs(items: list[wire.TokenLogprob]) -> list[chat.TokenLogprob]:
-    return [
-        chat.TokenLogprob(
-            token=t.token.decode(errors="replace"), logprob=t.logprob, bytes=list(t.token),
-            top_logprobs=[chat.TopLogprob(token=b.decode(errors="replace"), logprob=lp, bytes=list(b)) for b, lp in t.top],
-        )  # fmt: skip
-        for t in items
-    ]
+    """Token texts are decoded leniently: a token may hold part of a UTF-8 character; `bytes` is exact."""
+    out = []
+    for t in items:
+        top = [_top(b, lp) for b, lp in t.top]
+        out.append(chat.TokenLogprob(token=t.token.decode(errors="replace"), logprob=t.logprob, bytes=list(t.token),
+                                     top_logprobs=top))  # fmt: skip
+    return out
 
 
 class ChoiceShaper:
