@@ -158,10 +158,12 @@ async def merged(streams: Sequence[AsyncIterator[Delta | Done]]) -> AsyncIterato
                 left -= 1
             yield i, item
     finally:
+        # Cancelling a pump throws into the generation it is awaiting, whose own `finally`
+        # then cancels its request on the worker; wait for that rather than aclose() a
+        # generator another task is still running.
         for t in tasks:
             t.cancel()
-        for s in streams:
-            await s.aclose()  # type: ignore[attr-defined]
+        await asyncio.gather(*tasks, return_exceptions=True)
 
 
 async def collect(c: Completion, shapers: list[ChoiceShaper], stream: AsyncIterator[Tagged]) -> ChatCompletion:

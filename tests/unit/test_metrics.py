@@ -13,7 +13,7 @@ from prometheus_client import generate_latest
 
 from gateway import metrics as metrics_mod
 from gateway.chat_convert import Shape
-from gateway.chat_relay import Completion, collect, outcome_of, sse
+from gateway.chat_relay import Completion, collect, merged, outcome_of, sse
 from gateway.chat_shape import ChoiceShaper
 from gateway.disconnect import ClientGone
 from gateway.errors import WorkerDied
@@ -189,3 +189,36 @@ async def test_guard_counts_failures_before_the_stream_and_cancellation() -> Non
         await task
     assert val(m, "geniex:requests_total", model=M, outcome="cancelled") == 1 and billed == []
     assert outcome_of(ClientGone("left")) == "cancelled" and outcome_of(WorkerDied("x")) == "error"
+
+
+async def test_merged_streams_cancel_every_generation_when_closed_early() -> None:
+    closed: list[int] = []
+
+    async def generation(i: int) -> AsyncIterator[Delta | Done]:
+        try:
+            yield Delta(i, "x", 1)
+            await asyncio.sleep(10)  # still generating when the client leaves
+            yield Done(i, "stop", 1, 2)
+        finally:
+            closed.append(i)
+
+    stream = merged([generation(0), generation(1), generation(2)])
+    first = await anext(stream)
+    assert first[1].text == "x"
+    await stream.aclose()
+    assert sorted(closed) == [0, 1, 2]
+
+    # and a failing generation surfaces as the merged stream's error, the others closed
+    closed.clear()
+
+    async def failing() -> AsyncIterator[Delta | Done]:
+        try:
+            raise WorkerDied("gone")
+            yield  # pragma: no cover
+        finally:
+            closed.append(9)
+
+    with pytest.raises(WorkerDied):
+        async for _ in merged([generation(0), failing()]):
+            pass
+    assert sorted(closed) == [0, 9]

@@ -336,11 +336,9 @@ class LlamaEngine:
             slot.last_emit = now
         if slot.prefix:
             text, slot.prefix = slot.prefix + text, ""
-        lps = slot.logprobs
-        if lps:  # the tokens this text came from (a held-back token waits for its text)
+        if slot.logprobs:  # the tokens this text came from (a held-back token waits for its text)
+            emit(LogprobDelta(slot.req.req_id, text, slot.n_gen, slot.logprobs))
             slot.logprobs = []
-        if lps:
-            emit(LogprobDelta(slot.req.req_id, text, slot.n_gen, lps))
         else:
             emit(Delta(slot.req.req_id, text, slot.n_gen))
 
