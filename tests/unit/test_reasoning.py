@@ -3,25 +3,19 @@ time and in seeded random chunks, streamed pieces joining to split_reasoning's a
 
 from __future__ import annotations
 
-import random
-
 import pytest
 
-from gateway.reasoning import SPLIT_FORMATS, ReasoningSplitter, split_reasoning, splits_reasoning
+from gateway.reasoning import (
+    SPLIT_FORMATS,
+    ReasoningSplitter,
+    split_reasoning,
+    splits_reasoning,
+)
+from tests.splits import chunkings as split_ways
 
 
 def chunkings(text: str) -> list[list[str]]:
-    out = [[text], list(text)]
-    out += [[text[:i], text[i:]] for i in range(1, len(text))]
-    for seed in range(5):
-        rng = random.Random(seed)
-        pieces, i = [], 0
-        while i < len(text):
-            n = rng.randint(1, 9)
-            pieces.append(text[i : i + n])
-            i += n
-        out.append(pieces)
-    return out
+    return split_ways(text, max_piece=9)
 
 
 def split(text: str, *, starts_in_reasoning: bool = False) -> tuple[str, str]:

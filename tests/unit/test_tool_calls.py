@@ -4,7 +4,6 @@ one character at a time and in seeded random chunks, and must give the same cont
 from __future__ import annotations
 
 import json
-import random
 
 import pytest
 
@@ -17,22 +16,13 @@ from gateway.tool_calls import (
     ToolCallStream,
     parse_tool_calls,
 )
+from tests.splits import chunkings as split_ways
 
 WEATHER = {"get_weather", "get_time", "search", "write_file", "calculator"}
 
 
 def chunkings(text: str) -> list[list[str]]:
-    out = [[text], list(text)]
-    out += [[text[:i], text[i:]] for i in range(1, len(text))]
-    for seed in range(5):
-        rng = random.Random(seed)
-        pieces, i = [], 0
-        while i < len(text):
-            n = rng.randint(1, 12)
-            pieces.append(text[i : i + n])
-            i += n
-        out.append(pieces)
-    return out
+    return split_ways(text, max_piece=12)
 
 
 def stream(pieces: list[str], names: set[str] | None) -> tuple[list[list[Event]], ToolCallStream]:
