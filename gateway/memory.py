@@ -17,11 +17,18 @@ WORKER_OVERHEAD = 160 * 1024 * 1024
 _SCALAR = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
 _STRING, _ARRAY = 8, 9
 _WANTED = (".block_count", ".embedding_length", ".attention.head_count", ".attention.head_count_kv",
-           ".attention.key_length", ".attention.value_length")  # fmt: skip
+           ".attention.key_length", ".attention.value_length", ".pooling_type")  # fmt: skip
+ARCHITECTURE = "general.architecture"
+# Encoder-only architectures: embedding models even when the file declares no pooling.
+ENCODER_ARCHS = frozenset({
+    "bert", "nomic-bert", "nomic-bert-moe", "jina-bert-v2", "jina-bert-v3", "neo-bert", "modern-bert", "eurobert",
+})  # fmt: skip
+POOLING_NONE = 0  # llama.cpp's LLAMA_POOLING_TYPE_NONE
 
 
-def read_gguf_numbers(path: str) -> dict[str, float]:
-    """The scalar metadata of a GGUF header whose key ends with one of `_WANTED`.
+def read_gguf_numbers(path: str) -> dict[str, float | str]:
+    """The scalar metadata of a GGUF header whose key ends with one of `_WANTED`, and
+    `general.architecture`.
 
     A few dozen lines instead of `gguf.GGUFReader`, which parses every tensor and
     the whole vocabulary with numpy and takes seconds on a large model.
@@ -64,19 +71,39 @@ def read_gguf_numbers(path: str) -> dict[str, float]:
             (vtype,) = struct.unpack("<I", f.read(4))
             if vtype in _SCALAR and key.endswith(_WANTED):
                 (out[key],) = struct.unpack(_SCALAR[vtype], f.read(struct.calcsize(_SCALAR[vtype])))
+            elif vtype == _STRING and key == ARCHITECTURE:
+                out[key] = string().decode(errors="replace")
             else:
                 skip(vtype)
     return out
 
 
 @functools.lru_cache(maxsize=64)
+def _header(path: str, mtime: float) -> dict[str, float | str]:
+    """The file's header, read once per version of the file (the pool asks on every start)."""
+    try:
+        return read_gguf_numbers(path)
+    except (OSError, ValueError, struct.error, KeyError) as exc:
+        log.warning("could not read GGUF metadata", path=path, error=str(exc))
+        return {}
+
+
+def is_embedding_gguf(path: str) -> bool:
+    """A GGUF that declares a pooling (sentence-transformers models, rerankers, decoder-based
+    embedders, as llama.cpp's converter writes them) or is an encoder: served by the
+    embedding engine, not the text generator. Read from the header, no model load."""
+    try:
+        meta = _header(path, os.path.getmtime(path))
+    except OSError:
+        return False
+    arch = str(meta.get(ARCHITECTURE, ""))
+    pooling = meta.get(f"{arch}.pooling_type")
+    return arch in ENCODER_ARCHS or (pooling is not None and int(pooling) != POOLING_NONE)
+
+
 def _kv_bytes_per_token(path: str, mtime: float) -> int:
     """K and V in f16 for every layer: n_layer * n_head_kv * (key_len + value_len) * 2 bytes."""
-    try:
-        meta = read_gguf_numbers(path)
-    except (OSError, ValueError, struct.error, KeyError) as exc:
-        log.warning("could not read GGUF metadata for a memory estimate", path=path, error=str(exc))
-        return 0
+    meta = {k: v for k, v in _header(path, mtime).items() if isinstance(v, float | int)}
 
     def value(suffix: str, default: float) -> int:
         return int(next((v for k, v in meta.items() if k.endswith(suffix)), default))

@@ -67,7 +67,9 @@ def _pull(args: argparse.Namespace) -> int:
     if args.local is not None:
         entry = store.import_local(args.local, args.name)
     else:
-        from gateway.pull import pull  # huggingface_hub is slow to import; `list`/`rm` don't need it
+        from gateway.pull import (
+            pull,  # huggingface_hub is slow to import; `list`/`rm` don't need it
+        )
 
         entry = pull(store, args.name, progress=True)
     print(entry.id)

@@ -27,7 +27,7 @@ from gateway.compute import resolve_compute
 from gateway.config import Settings
 from gateway.errors import Overloaded
 from gateway.eviction import Resident, plan_evictions
-from gateway.memory import estimate_worker_bytes
+from gateway.memory import estimate_worker_bytes, is_embedding_gguf
 from gateway.store import ModelEntry
 from gateway.worker_handle import WorkerHandle, WorkerSpec
 from gateway.worker_state import State
@@ -150,7 +150,7 @@ class WorkerPool:
             spec = WorkerSpec(
                 key=key,
                 model_path=entry.path,
-                engine=entry.engine,
+                engine=_worker_engine(entry),
                 ngl=key.ngl,
                 parallel=parallel,
                 threads=s.threads,
@@ -268,3 +268,10 @@ class WorkerPool:
         await asyncio.gather(*(h.stop(graceful=drain_timeout > 0, timeout=drain_timeout) for h in handles),
                              return_exceptions=True)  # fmt: skip
         shutil.rmtree(self.runtime_dir, ignore_errors=True)
+
+
+def _worker_engine(entry: ModelEntry) -> str:
+    """The worker engine for a model: a GGUF that is an embedding model gets llama_embed."""
+    if entry.engine == "llama_cpp" and entry.path.endswith(".gguf") and is_embedding_gguf(entry.path):
+        return "llama_embed"
+    return entry.engine

@@ -27,7 +27,13 @@ from huggingface_hub.errors import (
 from huggingface_hub.utils import tqdm as hf_tqdm
 
 from gateway.errors import BadRequest, GenieXError, ModelNotFound
-from gateway.store import ModelEntry, ModelStore, parse_name, precision_from_filename, preference_key
+from gateway.store import (
+    ModelEntry,
+    ModelStore,
+    parse_name,
+    precision_from_filename,
+    preference_key,
+)
 
 _SPLIT_RE = re.compile(r"-(\d{5})-of-(\d{5})\.gguf$", re.IGNORECASE)
 

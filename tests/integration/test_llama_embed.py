@@ -17,11 +17,12 @@ import onnxruntime as ort
 import pytest
 from tokenizers import Tokenizer
 
+from gateway.memory import is_embedding_gguf
 from protocol.wire import Embed, Embeddings, Rerank, Scores
 from tests.bert_to_gguf import convert
 from tests.embedding_models import package_dir, st_dir
 from workers.engines import EngineError
-from workers.engines.llama_embed import LlamaEmbedEngine, is_embedding_gguf, load_gguf
+from workers.engines.llama_embed import LlamaEmbedEngine, load
 
 QUERY = "What is machine learning?"
 DOCS = ["Machine learning algorithms learn patterns from data.", "The weather is sunny today."]
@@ -58,7 +59,9 @@ def engines(gguf_dir: Path) -> Iterator[dict[str, LlamaEmbedEngine]]:
         "none": convert(st_dir(), gguf_dir / "none.gguf", pooling=gguf.PoolingType.NONE),
         "rank": convert(st_dir(), gguf_dir / "rank.gguf", rank_head=head),
     }
-    loaded = {name: load_gguf(options(path)) for name, path in files.items()}
+    # The gateway picks the engine from the header (no model load): every one of these is an embedding model.
+    assert all(is_embedding_gguf(str(path)) for path in files.values())
+    loaded = {name: load(options(path)) for name, path in files.items()}
     yield loaded  # type: ignore[misc]
     for e in loaded.values():
         e.close()

@@ -80,9 +80,9 @@ class EngineOptions(Protocol):
 
 # name -> "module:factory"; the factory takes EngineOptions and returns a loaded Engine.
 ENGINES: dict[str, str] = {
-    # A GGUF: text generation (llama.py), or embeddings/reranking when the file declares a
-    # pooling or is an encoder architecture (llama_embed.py); `load_gguf` reads which.
-    "llama_cpp": "workers.engines.llama_embed:load_gguf",
+    # A GGUF: text generation, or embeddings/reranking when the gateway's read of its header
+    # says so (gateway/memory.py: is_embedding_gguf).
+    "llama_cpp": "workers.engines.llama:load",
     "llama_embed": "workers.engines.llama_embed:load",
     "onnx": "workers.engines.onnx:load",
 }

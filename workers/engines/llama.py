@@ -50,7 +50,7 @@ from protocol.wire import (
 from workers.chat_template import ChatTemplate, TemplateError
 from workers.drafters import NGRAM_DRAFTERS, make_drafter
 from workers.engines import Emit, EngineError, EngineOptions
-from workers.engines.llama_context import slot_context
+from workers.engines.llama_context import init_backend, slot_context
 from workers.engines.llama_draft import DraftModel, SpecState
 from workers.engines.llama_logits import LogitsJob
 from workers.engines.llama_logprobs import token_logprobs
@@ -104,8 +104,7 @@ class LlamaEngine:
 
     def __init__(self, opts: EngineOptions) -> None:
         t0 = time.perf_counter()
-        L.llama_backend_init()
-        L.llama_log_set(_silent_log, ctypes.c_void_p(0))
+        init_backend()
         mparams = L.llama_model_default_params()
         mparams.n_gpu_layers = (999 if opts.ngl < 0 else opts.ngl) if opts.compute == "gpu" else 0
         self.n_gpu_layers = mparams.n_gpu_layers
@@ -611,11 +610,6 @@ def _meta(model: ctypes.c_void_p, key: str) -> str | None:
     return buf.value.decode(errors="replace")
 
 
-@L.llama_log_callback
-def _silent_log(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
-    # llama.cpp's own chatter is noise in a service journal; errors surface as return codes.
-    if level == 4 and os.environ.get("GENIEX_LLAMA_LOG"):  # GGML_LOG_LEVEL_ERROR
-        print(text.decode(errors="replace"), end="", flush=True)
 
 
 def load(opts: EngineOptions) -> LlamaEngine:

@@ -1,12 +1,25 @@
-"""The one way this worker creates a llama.cpp context: a KV stream per sequence slot."""
+"""The one way this worker starts llama.cpp and creates a context: a KV stream per sequence slot."""
 
 from __future__ import annotations
 
 import ctypes
+import os
 
 import llama_cpp as L
 
 from workers.engines import EngineError
+
+
+@L.llama_log_callback
+def _silent_log(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
+    # llama.cpp's own chatter is noise in a service journal; errors surface as return codes.
+    if level == 4 and os.environ.get("GENIEX_LLAMA_LOG"):  # GGML_LOG_LEVEL_ERROR
+        print(text.decode(errors="replace"), end="", flush=True)
+
+
+def init_backend() -> None:
+    L.llama_backend_init()
+    L.llama_log_set(_silent_log, ctypes.c_void_p(0))
 
 
 def slot_context(model: ctypes.c_void_p, *, nctx: int, parallel: int, n_batch: int, threads: int,

@@ -1,10 +1,7 @@
 """GGUF embedding and reranking models through llama.cpp (`embeddings=True` contexts).
 
-`load_gguf` is the registry's entry for every GGUF: it reads the file's metadata (a vocab-only
-load, ~0.1 s) and hands a text-generation model to `workers.engines.llama`, an embedding model
-to `LlamaEmbedEngine` here. A GGUF is an embedding model when it declares a pooling
-(`<arch>.pooling_type`, as llama.cpp's converter writes for sentence-transformers models,
-rerankers and decoder-based embedders) or is an encoder-only architecture (BERT and kin).
+The gateway sends a GGUF here (engine `llama_embed`) when its header declares a pooling or an
+encoder architecture (gateway/memory.py: is_embedding_gguf); other GGUFs go to llama.py.
 
 The context uses the pooling the model declares: mean/CLS/last give one vector per sequence;
 `rank` (a reranker's classification head) gives scores, so the model is a cross-encoder and
@@ -33,52 +30,18 @@ from workers.embedding_jobs import (
     check_token_ids,
     pool,
 )
-from workers.engines import Engine, EngineError, EngineOptions
+from workers.engines import EngineError, EngineOptions
+from workers.engines.llama_context import init_backend
 
 log = structlog.get_logger("worker.llama_embed")
 
 BATCH_TOKENS = 2048  # tokens per decode (and the longest input, if the model reads more)
 MAX_SEQS = 64  # sequences per decode
-ENCODER_ARCHS = frozenset({
-    "bert", "nomic-bert", "nomic-bert-moe", "jina-bert-v2", "jina-bert-v3", "neo-bert", "modern-bert", "eurobert",
-})  # fmt: skip
 POOLING_NAMES = {L.LLAMA_POOLING_TYPE_NONE: "none", L.LLAMA_POOLING_TYPE_MEAN: "mean",
                  L.LLAMA_POOLING_TYPE_CLS: "cls", L.LLAMA_POOLING_TYPE_LAST: "last",
                  L.LLAMA_POOLING_TYPE_RANK: "rank"}  # fmt: skip
 
 
-@L.llama_log_callback
-def _quiet(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
-    if level == 4 and os.environ.get("GENIEX_LLAMA_LOG"):  # GGML_LOG_LEVEL_ERROR
-        print(text.decode(errors="replace"), end="", flush=True)
-
-
-def _meta(model: ctypes.c_void_p, key: str) -> str | None:
-    buf = ctypes.create_string_buffer(256)
-    n = L.llama_model_meta_val_str(model, key.encode(), buf, len(buf))
-    return None if n < 0 else buf.value.decode(errors="replace")
-
-
-def gguf_kind(path: str) -> tuple[str, int | None]:
-    """(architecture, declared pooling type or None), from a vocab-only load of the file."""
-    L.llama_backend_init()
-    L.llama_log_set(_quiet, ctypes.c_void_p(0))
-    params = L.llama_model_default_params()
-    params.vocab_only = True
-    model = L.llama_model_load_from_file(path.encode(), params)
-    if not model:
-        raise EngineError(f"llama.cpp could not load {path}", status=500)
-    try:
-        arch = _meta(model, "general.architecture") or ""
-        pooling = _meta(model, f"{arch}.pooling_type")
-        return arch, int(pooling) if pooling not in (None, "") else None
-    finally:
-        L.llama_model_free(model)
-
-
-def is_embedding_gguf(path: str) -> bool:
-    arch, pooling = gguf_kind(path)
-    return arch in ENCODER_ARCHS or (pooling is not None and pooling != L.LLAMA_POOLING_TYPE_NONE)
 
 
 class LlamaEmbedEngine(QueuedEngine):
@@ -87,8 +50,7 @@ class LlamaEmbedEngine(QueuedEngine):
 
     def __init__(self, opts: EngineOptions) -> None:
         t0 = time.perf_counter()
-        L.llama_backend_init()
-        L.llama_log_set(_quiet, ctypes.c_void_p(0))
+        init_backend()
         mparams = L.llama_model_default_params()
         mparams.n_gpu_layers = (999 if opts.ngl < 0 else opts.ngl) if opts.compute == "gpu" else 0
         model = L.llama_model_load_from_file(opts.model_path.encode(), mparams)
@@ -277,11 +239,3 @@ class LlamaEmbedEngine(QueuedEngine):
 def load(opts: EngineOptions) -> LlamaEmbedEngine:
     return LlamaEmbedEngine(opts)
 
-
-def load_gguf(opts: EngineOptions) -> Engine:
-    """The engine a GGUF needs: embeddings/reranking here, text generation in llama.py."""
-    if is_embedding_gguf(opts.model_path):
-        return LlamaEmbedEngine(opts)
-    from workers.engines.llama import load as load_generator
-
-    return load_generator(opts)
