@@ -136,7 +136,7 @@ def lowlevel_probe(
 ) -> dict[str, Any]:
     """Load + context + prompt eval + single-token steps with raw llama.cpp calls.
 
-    The context is built the way workers/engines/llama.py builds it: `n_ctx` per
+    The context is the worker's (workers/engines/llama_context.py): `n_ctx` per
     sequence, `n_seq` sequences, non-unified KV, batch 512, flash attention left at
     llama.cpp's default (auto), greedy native sampler.
     """
@@ -148,19 +148,10 @@ def lowlevel_probe(
     if not model:
         raise RuntimeError(f"llama.cpp could not load {path}")
     t1 = time.perf_counter()
-    cp = L.llama_context_default_params()
-    cp.n_ctx = n_ctx * n_seq
-    cp.n_batch = 512
-    cp.n_ubatch = 512
-    cp.n_seq_max = n_seq
-    cp.kv_unified = False
-    cp.n_threads = threads
-    cp.n_threads_batch = threads
-    cp.no_perf = True
-    ctx = L.llama_init_from_model(model, cp)
-    if not ctx:
-        L.llama_model_free(model)
-        raise RuntimeError("llama.cpp could not create the context")
+    # The worker's own helper, so this measures exactly the worker's layout.
+    from workers.engines.llama_context import slot_context
+
+    ctx = slot_context(model, nctx=n_ctx, parallel=n_seq, n_batch=512, threads=threads)
     t2 = time.perf_counter()
     mem = L.llama_get_memory(ctx)
     batch = L.llama_batch_init(512, 0, 1)
@@ -232,7 +223,7 @@ def lowlevel_probe(
         "n_ctx_per_seq": n_ctx,
         "n_seq": n_seq,
         "threads": threads,
-        "flash_attn_type": int(cp.flash_attn_type),
+        "flash_attn_type": int(L.llama_context_default_params().flash_attn_type),  # slot_context keeps the default
         "model_load_ms": (t1 - t0) * 1000,
         "context_ms": (t2 - t1) * 1000,
         "prompt_tokens": len(prompt),
