@@ -178,7 +178,10 @@ async def collect(c: Completion, shapers: list[ChoiceShaper], stream: AsyncItera
             continue
         c.first_token()
         c.tokens[i] = msg.n_tokens
-        shaper.feed(msg.text, msg.logprobs)
+        if shaper.plain:  # as in sse(): plain text needs no parsing, just keeping
+            shaper.content.append(msg.text)
+        else:
+            shaper.feed(msg.text, msg.logprobs)
     choices = [
         Choice(index=s.index, message=s.message(), finish_reason=reasons.get(s.index), logprobs=s.choice_logprobs())
         for s in shapers
