@@ -6,7 +6,7 @@ PIP := $(PY) -m pip --disable-pip-version-check -q
 # Portable build: a native one may use instructions (e.g. AMX) that a VM advertises but traps.
 export CMAKE_ARGS ?= -DGGML_NATIVE=OFF
 
-.PHONY: install install-test serve test bench clean
+.PHONY: install install-test bytecode serve test bench clean
 
 $(VENV)/.stamp-install: pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -25,13 +25,19 @@ $(VENV)/.stamp-test: $(VENV)/.stamp-install
 install: $(VENV)/.stamp-install
 install-test: $(VENV)/.stamp-test
 
-serve: install
+# pip compiles what it installs, but not an editable install's sources, and where Python may
+# not write __pycache__ (PYTHONDONTWRITEBYTECODE, a read-only checkout under systemd) every
+# process would compile gateway/ or workers/ again: about 0.15 s of each start here.
+bytecode: $(VENV)/.stamp-install
+	$(PY) -m compileall -q gateway protocol workers
+
+serve: install bytecode
 	$(VENV)/bin/geniex serve
 
-test: install-test
+test: install-test bytecode
 	$(PY) -m pytest -q
 
-bench: install-test
+bench: install-test bytecode
 	$(PY) bench/bench.py
 
 clean:
