@@ -239,7 +239,8 @@ class Guard:
 # ---- one streamed request through the SDK ----------------------------------------
 
 
-async def stream_once(client: openai.AsyncOpenAI, model: str, max_tokens: int, messages: list[dict] = MESSAGES) -> dict[str, Any]:
+async def stream_once(client: openai.AsyncOpenAI, model: str, max_tokens: int, messages: list[dict] = MESSAGES,
+                      extra_body: dict[str, Any] | None = None) -> dict[str, Any]:  # fmt: skip
     parts: list[str] = []
     arrivals: list[float] = []
     usage = None
@@ -253,6 +254,7 @@ async def stream_once(client: openai.AsyncOpenAI, model: str, max_tokens: int, m
         temperature=0,
         stream=True,
         stream_options={"include_usage": True},
+        extra_body=extra_body,
     )
     t_headers = time.perf_counter()
     async for chunk in stream:
@@ -330,9 +332,10 @@ def public(res: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-async def concurrent(client: openai.AsyncOpenAI, model: str, max_tokens: int, n: int) -> dict[str, Any]:
+async def concurrent(client: openai.AsyncOpenAI, model: str, max_tokens: int, n: int,
+                     extra_body: dict[str, Any] | None = None) -> dict[str, Any]:  # fmt: skip
     """n streams started together; aggregate = all tokens / (first send -> last token)."""
-    results = await asyncio.gather(*(stream_once(client, model, max_tokens) for _ in range(n)))
+    results = await asyncio.gather(*(stream_once(client, model, max_tokens, extra_body=extra_body) for _ in range(n)))
     t0 = min(x["_t_send"] for x in results)
     t_end = max(x["_t_last"] or x["_t_send"] for x in results)
     tokens = sum(x["tokens"] for x in results)
@@ -566,13 +569,6 @@ async def phase_server(args: argparse.Namespace, data_dir: Path, baseline, out: 
             kids = psutil.Process(srv.proc.pid).children(recursive=True)
             if kids:
                 pids["worker"] = kids[0].pid
-            if args.worker_nice and kids:
-                # An experiment, not the server's behaviour: lower every worker thread's priority
-                # (Linux nice values are per thread; llama.cpp's pool exists after the warm-up).
-                for proc in kids:
-                    for t in proc.threads():
-                        os.setpriority(os.PRIO_PROCESS, t.id, args.worker_nice)
-                log(f"worker threads reniced to {args.worker_nice}")
             ours, base = [], []
             for i in range(args.rounds):
                 ours.append(await args.guard.run(f"single round {i + 1} (ours)",
@@ -823,7 +819,7 @@ def render(res: dict[str, Any]) -> str:
     if h:
         i, w = h["idle"], h["with_4_streams"]
         L.append("")
-        L.append(f"/health (httpx, one probe every {h['interval_ms']:.0f} ms, separate process)")
+        L.append(f"/health (raw keep-alive HTTP/1.1, one probe every {h['interval_ms']:.0f} ms, separate process)")
         L.append(f"  idle:           p50 {fmt(i['p50_ms'], 2)} ms  p99 {fmt(i['p99_ms'], 2)} ms  max {fmt(i['max_ms'], 2)} ms  (n={i['n']})")
         L.append(f"  with 4 streams: p50 {fmt(w['p50_ms'], 2)} ms  p99 {fmt(w['p99_ms'], 2)} ms  max {fmt(w['max_ms'], 2)} ms  "
                  f"(n={w['n']}, errors={w['errors']})")  # fmt: skip
@@ -939,8 +935,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="extra short requests (max_tokens=2), ours then baseline, for the TTFT goal (default 30, quick 6)")  # fmt: skip
     p.add_argument("--nctx", type=int, default=4096, help="server --nctx and the baseline's n_ctx")
     p.add_argument("--threads", type=int, default=0, help="baseline n_threads (default: physical cores, as the worker)")
-    p.add_argument("--worker-nice", type=int, default=0,
-                   help="experiment: renice the worker's threads to this value after the warm-up")  # fmt: skip
     p.add_argument("--skip-baseline", action="store_true", help="no in-process baseline rounds or llama.cpp probes")
     p.add_argument("--data-dir", type=Path, default=None, help="model store for the server (default: a fresh temp dir)")
     p.add_argument("--server-arg", dest="server_args", action="append", default=[],
@@ -996,7 +990,6 @@ async def amain(args: argparse.Namespace, holder: dict[str, Any]) -> dict[str, A
             "waited_for_idle_s": round(wait_until_idle(args.wait_idle), 1) if args.wait_idle > 0 else 0.0,
             "busy_before": busy_processes(),
             "server_args": args.server_args,
-            "worker_nice": args.worker_nice,
         },
         "errors": [],
     }

@@ -54,6 +54,9 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
     a("--crash-backoff", type=float, default=_env("crash_backoff", 30.0, float))
     a("--stream-interval", dest="stream_interval_ms", type=int, default=_env("stream_interval", 20, int),
       help="ms: tokens generated closer together than this are sent in one chunk (0: one chunk per token)")  # fmt: skip
+    a("--worker-nice", type=int, default=_env("worker_nice", 10, int),
+      help="nice value of worker processes (0..19; 10 by default: decoding yields the CPU to the gateway, "
+           "health probes and interactive programs; 0 where other CPU-heavy jobs must not outrank inference)")  # fmt: skip
     a("--grammar-dir", dest="grammar_dirs", action="append", type=Path,
       default=[Path(d) for d in _env("grammar_dir", "", str).split(os.pathsep) if d],
       help="a folder `grammar_path` may read GBNF files from (repeatable; none by default)")  # fmt: skip
@@ -69,6 +72,8 @@ def _serve(args: argparse.Namespace) -> int:
     from gateway.app import create_app
     from protocol.logs import configure_logging
 
+    if not 0 <= args.worker_nice <= 19:
+        raise SystemExit(f"error: --worker-nice must be 0..19, not {args.worker_nice}")
     host, port = split_host(args.host)
     settings = Settings(
         host=host,
@@ -93,6 +98,7 @@ def _serve(args: argparse.Namespace) -> int:
         crash_backoff=args.crash_backoff,
         grammar_dirs=args.grammar_dirs,
         stream_interval_ms=args.stream_interval_ms,
+        worker_nice=args.worker_nice,
     )
     configure_logging(settings.log_level)
     app = create_app(settings)

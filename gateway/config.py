@@ -37,6 +37,9 @@ class Settings(msgspec.Struct, kw_only=True):
     crash_window: float = 60.0
     crash_backoff: float = 30.0
     stream_interval_ms: int = 20  # tokens closer together than this share one Delta/chunk (0: never)
+    # Workers run at this nice value (Linux/macOS), so the gateway, health probes and the
+    # desktop get a core at once when decoding holds both (bench/README.md: /health p99).
+    worker_nice: int = 10
     grammar_dirs: list[Path] = []  # where `grammar_path` may read from; none by default
 
 

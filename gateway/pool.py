@@ -158,6 +158,7 @@ class WorkerPool:
                 load_timeout=s.load_timeout,
                 max_queue=s.max_queue,
                 stream_interval_ms=s.stream_interval_ms,
+                nice=s.worker_nice,
             )
             handle = WorkerHandle(spec, self.zctx, self.runtime_dir, on_exit=self._on_exit, on_idle=self._on_idle,
                                   on_busy=self._share_cores)  # fmt: skip

@@ -67,6 +67,7 @@ class WorkerSpec:
         load_timeout: float,
         max_queue: int,
         stream_interval_ms: int = 0,
+        nice: int = 0,
     ) -> None:
         self.key = key
         self.model_path = model_path
@@ -78,6 +79,7 @@ class WorkerSpec:
         self.load_timeout = load_timeout
         self.max_queue = max_queue
         self.stream_interval_ms = stream_interval_ms
+        self.nice = nice
 
 
 class _Pending:
@@ -180,6 +182,7 @@ class WorkerHandle:
             "--parallel", str(s.parallel),
             "--threads", str(s.threads),
             "--stream-interval-ms", str(s.stream_interval_ms),
+            "--nice", str(s.nice),
             "--inbox", self._inbox,
             "--outbox", self._outbox,
             "--parent-pid", str(os.getpid()),

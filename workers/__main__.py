@@ -29,6 +29,16 @@ def _die_with_parent(parent_pid: int) -> None:
         os._exit(1)
 
 
+def _lower_priority(nice: int) -> None:
+    """Before any thread exists: Linux nice values are per thread, and the ZeroMQ and
+    llama.cpp threads started later inherit this one's."""
+    if nice > 0 and hasattr(os, "nice"):
+        try:
+            os.nice(nice)
+        except OSError:
+            pass
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m workers")
     p.add_argument("--engine", default="llama_cpp")
@@ -39,6 +49,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--parallel", type=int, default=0)
     p.add_argument("--threads", type=int, default=0)
     p.add_argument("--stream-interval-ms", type=int, default=0)
+    p.add_argument("--nice", type=int, default=0)
     p.add_argument("--inbox", required=True)
     p.add_argument("--outbox", required=True)
     p.add_argument("--parent-pid", type=int, required=True)
@@ -47,6 +58,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
 
     _die_with_parent(args.parent_pid)
+    _lower_priority(args.nice)
     # SIGINT goes to the whole process group on Ctrl-C; the gateway decides when we stop.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     configure_logging(args.log_level, worker=args.name)
