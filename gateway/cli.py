@@ -53,7 +53,8 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
     a("--crash-window", type=float, default=_env("crash_window", 60.0, float))
     a("--crash-backoff", type=float, default=_env("crash_backoff", 30.0, float))
     a("--stream-interval", dest="stream_interval_ms", type=int, default=_env("stream_interval", 20, int),
-      help="ms: tokens generated closer together than this are sent in one chunk (0: one chunk per token)")  # fmt: skip
+      help="ms: tokens generated closer together than this are sent in one chunk, times the number of "
+           "sequences decoding at once (0: one chunk per token)")  # fmt: skip
     a("--worker-nice", type=int, default=_env("worker_nice", 10, int),
       help="nice value of worker processes (0..19; 10 by default: decoding yields the CPU to the gateway, "
            "health probes and interactive programs; 0 where other CPU-heavy jobs must not outrank inference)")  # fmt: skip
