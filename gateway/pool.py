@@ -13,16 +13,14 @@ from __future__ import annotations
 import asyncio
 import os
 import shutil
-import tempfile
 import time
 from collections import deque
-from pathlib import Path
 
 import psutil
 import structlog
 import zmq.asyncio
 
-from gateway import metrics
+from gateway import metrics, runtime_dir
 from gateway.compute import resolve_compute
 from gateway.config import Settings
 from gateway.errors import Overloaded
@@ -49,8 +47,10 @@ class WorkerPool:
         self.zctx = zctx
         self.workers: dict[WorkerKey, WorkerHandle] = {}
         self._starting: dict[WorkerKey, asyncio.Task[WorkerHandle]] = {}
-        # ipc paths must stay under ~100 bytes, so not under the data dir; mkdtemp is 0700.
-        self.runtime_dir = Path(tempfile.mkdtemp(prefix="geniex-", dir=os.environ.get("XDG_RUNTIME_DIR")))
+        stale = runtime_dir.sweep()
+        if stale:
+            log.info("removed runtime folders of gateways that are gone", paths=[str(p) for p in stale])
+        self.runtime_dir = runtime_dir.create()
         self._reaper: asyncio.Task[None] | None = None
         self._crashes: dict[WorkerKey, deque[float]] = {}
         self._backoff_until: dict[WorkerKey, float] = {}

@@ -368,8 +368,15 @@ def test_no_orphans_after_gateway_sigkill(start) -> None:  # type: ignore[no-unt
     client.chat.completions.create(model=MODEL, messages=LONG, max_tokens=1, extra_body={"nctx": 256})
     pids = srv.worker_pids()
     assert len(pids) == 2
+    from gateway import runtime_dir
+
+    left = list(runtime_dir.base_dir().glob(f"geniex-{srv.proc.pid}-*"))
+    assert len(left) == 1 and any(left[0].iterdir())  # its ipc sockets
     srv.stop(signal.SIGKILL)
     assert _orphans(pids) == []
+    assert left[0].exists()  # nobody could clean up after a SIGKILL...
+    start("--nctx", "512")
+    assert not left[0].exists()  # ...so the next gateway does
 
 
 def test_sigterm_drains_in_flight_then_stops_workers(start) -> None:  # type: ignore[no-untyped-def]
