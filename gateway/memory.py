@@ -8,6 +8,8 @@ import struct
 
 import structlog
 
+from protocol.embeddings import EMBED_BATCH_TOKENS
+
 log = structlog.get_logger("gateway.memory")
 
 # Compute buffers, the runtime, and the Python interpreter of the worker itself.
@@ -113,6 +115,16 @@ def _kv_bytes_per_token(path: str, mtime: float) -> int:
     k_len = value(".attention.key_length", n_embd // n_head)
     v_len = value(".attention.value_length", k_len)
     return value(".block_count", 0) * value(".attention.head_count_kv", n_head) * (k_len + v_len) * 2
+
+
+def embedding_kv_tokens(path: str) -> int:
+    """The KV an embedding worker allocates (workers/engines/llama_embed.py): none for an encoder,
+    one batch of tokens for a decoder-based embedder."""
+    try:
+        arch = str(_header(path, os.path.getmtime(path)).get(ARCHITECTURE, ""))
+    except OSError:
+        return EMBED_BATCH_TOKENS
+    return 0 if arch in ENCODER_ARCHS else EMBED_BATCH_TOKENS
 
 
 def estimate_worker_bytes(path: str, total_ctx_tokens: int) -> int:

@@ -25,7 +25,7 @@ from gateway.compute import resolve_compute
 from gateway.config import Settings
 from gateway.errors import Overloaded
 from gateway.eviction import Resident, plan_evictions
-from gateway.memory import estimate_worker_bytes, is_embedding_gguf
+from gateway.memory import embedding_kv_tokens, estimate_worker_bytes, is_embedding_gguf
 from gateway.store import ModelEntry
 from gateway.worker_handle import WorkerHandle, WorkerSpec
 from gateway.worker_state import State
@@ -144,13 +144,15 @@ class WorkerPool:
             await old.stop(graceful=False)
         s = self.settings
         parallel = s.parallel or default_parallel(key.nctx)
-        need = estimate_worker_bytes(entry.path, key.nctx * parallel)
+        engine = _worker_engine(entry)
+        kv_tokens = embedding_kv_tokens(entry.path) if engine == "llama_embed" else key.nctx * parallel
+        need = estimate_worker_bytes(entry.path, kv_tokens)
         async with self._start_lock:
             await self._make_room(key, need)
             spec = WorkerSpec(
                 key=key,
                 model_path=entry.path,
-                engine=_worker_engine(entry),
+                engine=engine,
                 ngl=key.ngl,
                 parallel=parallel,
                 threads=s.threads,

@@ -30,3 +30,28 @@ def test_corrupt_header_is_rejected_not_a_memory_error(tmp_path: Path) -> None:
     with pytest.raises(ValueError):
         read_gguf_numbers(str(bad))
     assert estimate_worker_bytes(str(bad), 1000) == bad.stat().st_size + WORKER_OVERHEAD
+
+
+def _gguf_header(path: Path, arch: str, pooling: int | None) -> str:
+    gguf = pytest.importorskip("gguf")
+    w = gguf.GGUFWriter(str(path), arch)
+    w.add_block_count(6)
+    w.add_embedding_length(384)
+    w.add_head_count(12)
+    if pooling is not None:
+        w.add_pooling_type(gguf.PoolingType(pooling))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.close()
+    return str(path)
+
+
+def test_embedding_workers_are_estimated_with_the_kv_they_really_allocate(tmp_path: Path) -> None:
+    from gateway.memory import embedding_kv_tokens, is_embedding_gguf
+    from protocol.embeddings import EMBED_BATCH_TOKENS
+
+    bert = _gguf_header(tmp_path / "bert.gguf", "bert", 1)
+    decoder = _gguf_header(tmp_path / "qwen.gguf", "qwen2", 3)  # a decoder embedder, last-token pooling
+    assert is_embedding_gguf(bert) and is_embedding_gguf(decoder)
+    assert embedding_kv_tokens(bert) == 0  # an encoder has no KV cache
+    assert embedding_kv_tokens(decoder) == EMBED_BATCH_TOKENS

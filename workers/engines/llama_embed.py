@@ -21,6 +21,7 @@ import numpy as np
 import psutil
 import structlog
 
+from protocol.embeddings import EMBED_BATCH_TOKENS
 from protocol.wire import PROTOCOL_VERSION, Embed, Ready, Rerank
 from workers.embedding_jobs import (
     EmbeddingQueue,
@@ -35,7 +36,7 @@ from workers.engines.llama_context import init_backend
 
 log = structlog.get_logger("worker.llama_embed")
 
-BATCH_TOKENS = 2048  # tokens per decode (and the longest input, if the model reads more)
+BATCH_TOKENS = EMBED_BATCH_TOKENS  # tokens per decode (and the longest input, if the model reads more)
 MAX_SEQS = 64  # sequences per decode
 POOLING_NAMES = {L.LLAMA_POOLING_TYPE_NONE: "none", L.LLAMA_POOLING_TYPE_MEAN: "mean",
                  L.LLAMA_POOLING_TYPE_CLS: "cls", L.LLAMA_POOLING_TYPE_LAST: "last",
