@@ -32,7 +32,11 @@ def create(base: Path | None = None) -> Path:
 
 def _answers(folder: Path) -> bool:
     """Does any unix socket in `folder` still accept a connection?"""
-    for entry in folder.iterdir():
+    try:
+        entries = list(folder.iterdir())
+    except OSError:
+        return False
+    for entry in entries:
         if not entry.is_socket():
             continue
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
