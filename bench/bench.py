@@ -817,18 +817,20 @@ def render(res: dict[str, Any]) -> str:
         L.append("  (tok/s; ms; agg/single = aggregate / single-stream decode tok/s above)")
     h = srv.get("health")
     if h:
-        i, w = h["idle"], h["with_4_streams"]
+        def lat_line(indent: str, label: str, d: dict[str, Any], errors: bool = False) -> str:
+            tail = f"(n={d['n']}, errors={d['errors']})" if errors else f"(n={d['n']})"
+            return (f"{indent}{label + ':':<16}p50 {fmt(d['p50_ms'], 2)} ms  p99 {fmt(d['p99_ms'], 2)} ms  "
+                    f"max {fmt(d['max_ms'], 2)} ms  {tail}")  # fmt: skip
+
         L.append("")
         L.append(f"/health (raw keep-alive HTTP/1.1, one probe every {h['interval_ms']:.0f} ms, separate process)")
-        L.append(f"  idle:           p50 {fmt(i['p50_ms'], 2)} ms  p99 {fmt(i['p99_ms'], 2)} ms  max {fmt(i['max_ms'], 2)} ms  (n={i['n']})")
-        L.append(f"  with 4 streams: p50 {fmt(w['p50_ms'], 2)} ms  p99 {fmt(w['p99_ms'], 2)} ms  max {fmt(w['max_ms'], 2)} ms  "
-                 f"(n={w['n']}, errors={w['errors']})")  # fmt: skip
+        L.append(lat_line("  ", "idle", h["idle"]))
+        L.append(lat_line("  ", "with 4 streams", h["with_4_streams"], errors=True))
         ref = h.get("reference")
         if ref:
-            i, w = ref["idle"], ref["with_4_streams"]
             L.append("  reference: a bare ASGI app under uvicorn, same probe (the machine's floor)")
-            L.append(f"    idle:           p50 {fmt(i['p50_ms'], 2)} ms  p99 {fmt(i['p99_ms'], 2)} ms  max {fmt(i['max_ms'], 2)} ms  (n={i['n']})")
-            L.append(f"    with 4 streams: p50 {fmt(w['p50_ms'], 2)} ms  p99 {fmt(w['p99_ms'], 2)} ms  max {fmt(w['max_ms'], 2)} ms  (n={w['n']})")
+            L.append(lat_line("    ", "idle", ref["idle"]))
+            L.append(lat_line("    ", "with 4 streams", ref["with_4_streams"]))
     cold = res.get("cold")
     inp = res.get("inproc", {})
     if cold:
