@@ -53,13 +53,13 @@ async def rounds(clients: dict[str, openai.AsyncOpenAI], args: argparse.Namespac
             single[name].append(await stream_once(c, args.model, args.max_tokens, extra_body=extra[name]))
         if base is not None:
             single["in-process"].append(base.round())
-        log("single %d/%d: %s" % (i + 1, args.rounds, "  ".join(
-            f"{n} {single[n][-1]['decode_tps']:.1f} tok/s" for n in single)))  # fmt: skip
+        got = "  ".join(f"{n} {single[n][-1]['decode_tps']:.1f} tok/s" for n in single)
+        log(f"single {i + 1}/{args.rounds}: {got}")
     for i in range(args.conc_rounds):
         for name, c in clients.items():
             conc[name].append(await concurrent(c, args.model, args.max_tokens, args.clients, extra_body=extra[name]))
-        log("%d clients %d/%d: %s" % (args.clients, i + 1, args.conc_rounds, "  ".join(
-            f"{n} {conc[n][-1]['aggregate_tps']:.1f} tok/s" for n in clients)))  # fmt: skip
+        got = "  ".join(f"{n} {conc[n][-1]['aggregate_tps']:.1f} tok/s" for n in clients)
+        log(f"{args.clients} clients {i + 1}/{args.conc_rounds}: {got}")
     out: dict[str, Any] = {}
     for name in clients:
         out[name] = {
