@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import time
 from collections.abc import AsyncIterator
-from functools import partial
 from typing import Any
 
 import msgspec
@@ -16,8 +14,6 @@ from gateway import chat_relay
 from gateway.chat_convert import generate_fields, shape_of
 from gateway.chat_shape import ChoiceShaper
 from gateway.disconnect import unless_disconnected
-from gateway.ledger import Ledger, key_label
-from gateway.metrics import Metrics
 from gateway.pool import WorkerPool
 from gateway.request_id import current_request_id
 from gateway.store import ModelStore
@@ -32,17 +28,6 @@ def _header_true(request: Request, name: str) -> bool:
     return request.headers.get(name, "").strip().lower() in ("1", "true", "yes")
 
 
-def _accounted(request: Request, data: ChatRequest, model: str, n: int) -> chat_relay.Completion:
-    """A Completion that reports to the metrics and the usage ledger when it settles.
-
-    Made once the model is resolved, so the `model` label is always a known id.
-    """
-    metrics: Metrics = request.app.state.metrics
-    ledger: Ledger = request.app.state.ledger
-    record = partial(ledger.record, model, key_label(request.headers.get("authorization")), data.user or "")
-    return chat_relay.Completion(model, metrics.timer(model, time.perf_counter()), record, n)
-
-
 @post("/v1/chat/completions", status_code=200)
 async def chat_completions(request: Request, data: ChatRequest) -> Response[ChatCompletion] | ServerSentEvent:
     store: ModelStore = request.app.state.store
@@ -50,7 +35,7 @@ async def chat_completions(request: Request, data: ChatRequest) -> Response[Chat
     entry = store.resolve(data.model)
     # Everything about the request is checked before a model is loaded for it.
     fields = generate_fields(data, current_request_id() or "", store, request.app.state.settings.grammar_dirs)
-    completion = _accounted(request, data, entry.id, data.n)  # a warm-up never settles it: not counted
+    completion = chat_relay.accounted(request, entry.id, data.user, data.n)  # a warm-up never settles it: not counted
     worker = await completion.guard(pool.get(pool.key_for(entry, data.nctx, data.compute, data.ngl), entry))
     structlog.contextvars.bind_contextvars(model=entry.id, worker_pid=worker.pid)
     if data.keep_alive is not None:

@@ -6,10 +6,8 @@ Accounting, cancellation and the SSE error/[DONE] ending are the chat relay's.
 
 from __future__ import annotations
 
-import time
 import uuid
 from collections.abc import AsyncIterator
-from functools import partial
 from typing import Any
 
 import msgspec
@@ -20,9 +18,7 @@ from litestar.response import ServerSentEvent
 from gateway import chat_relay
 from gateway.chat_convert import sampling_of, stop_list
 from gateway.disconnect import unless_disconnected
-from gateway.errors import BadRequest, GenieXError
-from gateway.ledger import Ledger, key_label
-from gateway.metrics import Metrics
+from gateway.errors import BadRequest
 from gateway.pool import WorkerPool
 from gateway.request_id import current_request_id
 from gateway.store import ModelStore
@@ -34,7 +30,6 @@ from protocol.completions import (
     TextCompletion,
 )
 
-log = structlog.get_logger("gateway.completions")
 _encode = msgspec.json.Encoder().encode
 OBJECT = "text_completion"
 
@@ -90,10 +85,7 @@ async def completions(request: Request, data: CompletionRequest) -> Response[byt
     }
     sampling = sampling_of(data)
     total = len(prompts) * data.n
-    metrics: Metrics = request.app.state.metrics
-    ledger: Ledger = request.app.state.ledger
-    record = partial(ledger.record, entry.id, key_label(request.headers.get("authorization")), data.user or "")
-    acct = chat_relay.Completion(entry.id, metrics.timer(entry.id, time.perf_counter()), record, total, data.n)
+    acct = chat_relay.accounted(request, entry.id, data.user, total, data.n)
     worker = await acct.guard(pool.get(pool.key_for(entry, data.nctx, data.compute, data.ngl), entry))
     structlog.contextvars.bind_contextvars(model=entry.id, worker_pid=worker.pid)
     if data.keep_alive is not None:
@@ -134,38 +126,22 @@ def _chunk(acct: chat_relay.Completion, cid: str, choice: CompletionChoice) -> b
     return _encode(TextCompletion(id=cid, object=OBJECT, created=acct.created, model=acct.model, choices=[choice]))
 
 
-async def _sse(acct: chat_relay.Completion, cid: str, choices: list[_Choice], first: chat_relay.Tagged,
-               rest: AsyncIterator[chat_relay.Tagged], include_usage: bool) -> AsyncIterator[bytes]:  # fmt: skip
-    item = first
-    try:
-        for c in choices:  # an echoed prompt goes out at once
-            if c.parts:
-                yield _chunk(acct, cid, CompletionChoice(c.index, c.parts[0]))
-        while True:
-            i, msg = item
-            if isinstance(msg, wire.Done):
-                all_done = acct.settle_done(i, msg)
-                yield _chunk(acct, cid, CompletionChoice(i, "", msg.finish_reason))
-                if all_done:
-                    break
-            else:
-                acct.first_token()
-                acct.tokens[i] = msg.n_tokens
-                lp = choices[i].add(msg)
-                if msg.text or lp:
-                    yield _chunk(acct, cid, CompletionChoice(i, msg.text, None, lp))
-            item = await anext(rest)
-    except GenieXError as exc:
-        acct.settle("error")
-        log.warning("stream failed", error=exc.message, status=exc.status)
-        yield _encode({"error": exc.message})
-    except BaseException as exc:
-        acct.settle(chat_relay.outcome_of(exc))
-        raise
-    if include_usage and len(acct.dones) == acct.n:
-        usage = TextCompletion(id=cid, object=OBJECT, created=acct.created, model=acct.model, choices=[], usage=acct.usage())
-        yield _encode(usage)
-    yield b"[DONE]"
+def _sse(acct: chat_relay.Completion, cid: str, choices: list[_Choice], first: chat_relay.Tagged,
+         rest: AsyncIterator[chat_relay.Tagged], include_usage: bool) -> AsyncIterator[bytes]:  # fmt: skip
+    def on_delta(i: int, msg: wire.Delta) -> bytes | None:
+        lp = choices[i].add(msg)
+        return _chunk(acct, cid, CompletionChoice(i, msg.text, None, lp)) if msg.text or lp else None
+
+    def on_done(i: int, msg: wire.Done) -> tuple[bytes | None, bytes]:
+        return None, _chunk(acct, cid, CompletionChoice(i, "", msg.finish_reason))
+
+    def usage() -> bytes:
+        return _encode(TextCompletion(id=cid, object=OBJECT, created=acct.created, model=acct.model, choices=[],
+                                      usage=acct.usage()))  # fmt: skip
+
+    # An echoed prompt goes out at once.
+    opening = [_chunk(acct, cid, CompletionChoice(c.index, c.parts[0])) for c in choices if c.parts]
+    return chat_relay.stream_events(acct, first, rest, opening, on_delta, on_done, usage if include_usage else None)
 
 
 handlers = [completions]

@@ -12,7 +12,6 @@ import sys
 import time
 from array import array
 from collections.abc import Awaitable
-from functools import partial
 from typing import TypeVar
 
 import msgspec
@@ -22,7 +21,7 @@ from litestar import Request, Response, post
 from gateway.chat_relay import outcome_of
 from gateway.disconnect import unless_disconnected
 from gateway.errors import BadRequest
-from gateway.ledger import Ledger, key_label
+from gateway.ledger import Ledger
 from gateway.metrics import Metrics
 from gateway.pool import WorkerPool
 from gateway.request_id import current_request_id
@@ -102,7 +101,7 @@ class _Accounting:
         metrics: Metrics = request.app.state.metrics
         ledger: Ledger = request.app.state.ledger
         self.timer = metrics.timer(model, time.perf_counter())
-        self.record = partial(ledger.record, model, key_label(request.headers.get("authorization")), user or "")
+        self.record = ledger.recorder(model, request.headers.get("authorization"), user)
 
     async def guard(self, work: Awaitable[T]) -> T:
         try:

@@ -10,7 +10,7 @@ import asyncio
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 import msgspec
 import structlog
@@ -32,6 +32,9 @@ from protocol.chat import (
 )
 from protocol.wire import Delta, Done
 
+if TYPE_CHECKING:
+    from litestar import Request
+
 log = structlog.get_logger("gateway.relay")
 
 _encode = msgspec.json.Encoder().encode
@@ -42,6 +45,16 @@ T = TypeVar("T")
 def outcome_of(exc: BaseException) -> str:
     """How a request that raised is counted: the client left, or it failed."""
     return "cancelled" if isinstance(exc, (asyncio.CancelledError, GeneratorExit, ClientGone)) else "error"
+
+
+def accounted(request: Request, model: str, user: str | None, n: int = 1, per_prompt: int = 0) -> Completion:
+    """A Completion that reports to the metrics and the usage ledger when it settles.
+
+    Made once the model is resolved, so the `model` label is always a known id.
+    """
+    state = request.app.state
+    record = state.ledger.recorder(model, request.headers.get("authorization"), user)
+    return Completion(model, state.metrics.timer(model, time.perf_counter()), record, n, per_prompt)
 
 
 class Completion:
@@ -195,32 +208,58 @@ def _chunk(c: Completion, index: int, delta: ChunkDelta, finish: str | None = No
     return _encode(ChatCompletionChunk(id=c.id, object=CHUNK, created=c.created, model=c.model, choices=[choice]))
 
 
-async def sse(c: Completion, shapers: list[ChoiceShaper], first: Tagged, rest: AsyncIterator[Tagged],
+def sse(c: Completion, shapers: list[ChoiceShaper], first: Tagged, rest: AsyncIterator[Tagged],
               include_usage: bool) -> AsyncIterator[bytes]:  # fmt: skip
-    """SSE `data:` payloads. Errors after the first byte become an error event, then [DONE]."""
-    item = first
+    """Chat's SSE `data:` payloads (see `stream_events`)."""
+
+    def on_delta(i: int, msg: Delta) -> bytes | None:
+        if plain:  # the common case costs one chunk per Delta and nothing else
+            return _chunk(c, i, ChunkDelta(content=msg.text)) if msg.text else None
+        piece = shapers[i].feed(msg.text, msg.logprobs)
+        return None if piece is None else _chunk(c, i, piece[0], None, piece[1])
+
+    def on_done(i: int, msg: Done) -> tuple[bytes | None, bytes]:
+        shaper = shapers[i]
+        tail = shaper.finish()
+        last = _chunk(c, i, tail[0], None, tail[1]) if tail is not None else None
+        return last, _chunk(c, i, ChunkDelta(), shaper.finish_reason(msg.finish_reason))
+
+    def usage() -> bytes:
+        return _encode(ChatCompletionChunk(id=c.id, object=CHUNK, created=c.created, model=c.model, choices=[], usage=c.usage()))
+
     plain = all(s.plain for s in shapers)
+    opening = [_chunk(c, s.index, ChunkDelta(role="assistant", content="")) for s in shapers]
+    return stream_events(c, first, rest, opening, on_delta, on_done, usage if include_usage else None)
+
+
+async def stream_events(c: Completion, first: Tagged, rest: AsyncIterator[Tagged], opening: list[bytes],
+                        on_delta: Callable[[int, Delta], bytes | None],
+                        on_done: Callable[[int, Done], tuple[bytes | None, bytes]],
+                        usage: Callable[[], bytes] | None) -> AsyncIterator[bytes]:  # fmt: skip
+    """SSE `data:` payloads of any streamed completion, chat or text: `opening`, then a payload per
+    Delta (`on_delta`; None sends nothing), and per choice's Done the payloads `on_done` gives: the
+    first before the request is counted (None: nothing), the second after, so the count is settled
+    before the final bytes go out. Errors after the first byte become an error event; then the
+    usage payload (when asked for and every choice finished) and [DONE]."""
+    item = first
     try:
-        for s in shapers:
-            yield _chunk(c, s.index, ChunkDelta(role="assistant", content=""))
+        for payload in opening:
+            yield payload
         while True:
             i, msg = item
             if isinstance(msg, Done):
-                shaper = shapers[i]
-                if (tail := shaper.finish()) is not None:
-                    yield _chunk(c, i, tail[0], None, tail[1])
-                all_done = c.settle_done(i, msg)  # counted before the final bytes go out
-                yield _chunk(c, i, ChunkDelta(), shaper.finish_reason(msg.finish_reason))
+                before, after = on_done(i, msg)
+                if before is not None:
+                    yield before
+                all_done = c.settle_done(i, msg)
+                yield after
                 if all_done:
                     break
             else:
                 c.first_token()
                 c.tokens[i] = msg.n_tokens
-                if plain:  # the common case costs one chunk per Delta and nothing else
-                    if msg.text:
-                        yield _chunk(c, i, ChunkDelta(content=msg.text))
-                elif (piece := shapers[i].feed(msg.text, msg.logprobs)) is not None:
-                    yield _chunk(c, i, piece[0], None, piece[1])
+                if (payload := on_delta(i, msg)) is not None:
+                    yield payload
             item = await anext(rest)
     except GenieXError as exc:
         c.settle("error")
@@ -229,6 +268,6 @@ async def sse(c: Completion, shapers: list[ChoiceShaper], first: Tagged, rest: A
     except BaseException as exc:  # the client went away (GeneratorExit, CancelledError), or a bug
         c.settle(outcome_of(exc))
         raise
-    if include_usage and len(c.dones) == c.n:
-        yield _encode(ChatCompletionChunk(id=c.id, object=CHUNK, created=c.created, model=c.model, choices=[], usage=c.usage()))
+    if usage is not None and len(c.dones) == c.n:
+        yield usage()
     yield b"[DONE]"

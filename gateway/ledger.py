@@ -22,7 +22,9 @@ from __future__ import annotations
 import hashlib
 import sqlite3
 import time
+from collections.abc import Callable
 from datetime import date
+from functools import partial
 from pathlib import Path
 
 import msgspec
@@ -149,6 +151,11 @@ class Ledger:
         conn.execute("PRAGMA synchronous=NORMAL")
         conn.executescript(_SCHEMA)
         return conn
+
+    def recorder(self, model: str, authorization: str | None, user: str | None) -> Callable[[int, int], None]:
+        """`record` for one request: its model, the label of its API key (`Authorization`
+        header), and its `user`; takes (prompt_tokens, completion_tokens)."""
+        return partial(self.record, model, key_label(authorization), user or "")
 
     def record(self, model: str, key: str, user: str, prompt_tokens: int, completion_tokens: int,
                *, ts: float | None = None) -> None:  # fmt: skip
