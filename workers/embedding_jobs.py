@@ -199,6 +199,9 @@ class QueuedEngine:
     def has_work(self) -> bool:
         return self.queue.has_work()
 
+    def idle(self) -> None:
+        pass
+
     def step(self, emit: Emit) -> None:
         self.queue.step(emit)
 

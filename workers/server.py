@@ -63,9 +63,11 @@ class WorkerServer:
             busy = self.engine.has_work()
             if poller.poll(0 if busy else IDLE_POLL_MS):
                 self._drain()
-            elif not busy and os.getppid() != self.parent_pid:
-                log.warning("gateway is gone; exiting")
-                return
+            elif not busy:
+                if os.getppid() != self.parent_pid:
+                    log.warning("gateway is gone; exiting")
+                    return
+                self.engine.idle()
             if self.running and self.engine.has_work():
                 self.engine.step(self.send)
 

@@ -255,8 +255,8 @@ def test_two_models_run_in_parallel_in_their_own_workers(start, tmp_path: Path) 
     assert pids[MODEL] != pids[other]
     cores = psutil.cpu_count(logical=False) or 1
     if cores >= 2:  # the cores were shared while both were busy, and given back after
-        changes = log_events(srv, "threads changed")
-        assert any(c["new"] == cores // 2 for c in changes), changes
+        changes = log_events(srv, "thread share changed")
+        assert any(c["cap"] == cores // 2 for c in changes), changes
 
 
 # ---- residency ---------------------------------------------------------------------

@@ -62,7 +62,12 @@ class Engine(Protocol):
         ...
 
     def set_threads(self, n: int) -> None:
-        """Decode with `n` threads from the next step on (engines without threads ignore it)."""
+        """Decode with at most `n` threads from the next step on (engines without threads ignore it)."""
+        ...
+
+    def idle(self) -> None:
+        """Called about twice a second while there is no work (the llama.cpp engines read the
+        machine's CPU use then, so the first step of the next request already fits it)."""
         ...
 
     def close(self) -> None: ...

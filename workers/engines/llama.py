@@ -55,6 +55,7 @@ from workers.engines.llama_draft import DraftModel, SpecState
 from workers.engines.llama_logits import LogitsJob
 from workers.engines.llama_logprobs import token_logprobs
 from workers.engines.llama_sampling import Sampler, build_sampler
+from workers.engines.thread_governor import ThreadGovernor
 from workers.text_stream import TextStream
 
 log = structlog.get_logger("worker.llama")
@@ -120,6 +121,7 @@ class LlamaEngine:
 
         threads = opts.threads or psutil.cpu_count(logical=False) or os.cpu_count() or 1
         self.threads = self.max_threads = threads
+        self.governor = ThreadGovernor(threads)
         ctx = slot_context(model, nctx=self.nctx, parallel=self.parallel, n_batch=N_BATCH, threads=threads)
         self.ctx = ctx
         self.mem = L.llama_get_memory(ctx)
@@ -215,12 +217,23 @@ class LlamaEngine:
         return sum(s.req is not None for s in self.slots), len(self.waiting), self.tokens_generated
 
     def set_threads(self, n: int) -> None:
-        n = max(1, min(n, self.max_threads))
+        """The gateway's share of the cores; the governor uses fewer while others keep them busy."""
+        cap = min(max(1, n), self.max_threads)
+        if cap != self.governor.cap:
+            log.info("thread share changed", cap=cap, old_cap=self.governor.cap)
+        self.governor.set_cap(cap)
+        self._use_threads(self.governor.threads)
+
+    def idle(self) -> None:
+        self.governor.idle()
+
+    def _use_threads(self, n: int) -> None:
         if n != self.threads:
             L.llama_set_n_threads(self.ctx, n, n)
             for draft in self.draft_models.values():  # drafts run in the same loop, on the same cores
                 L.llama_set_n_threads(draft.ctx, n, n)
-            log.info("threads changed", old=self.threads, new=n)
+            log.debug("threads changed", old=self.threads, new=n, cap=self.governor.cap,
+                      others_busy=round(self.governor.others, 2))  # fmt: skip
             self.threads = n
 
     def close(self) -> None:
@@ -274,7 +287,10 @@ class LlamaEngine:
         if n == 0:
             return
         batch.n_tokens = n
+        self._use_threads(self.governor.threads_for_step())
+        t0 = time.perf_counter()
         rc = L.llama_decode(self.ctx, batch)
+        self.governor.after_step(n, time.perf_counter() - t0)
         if rc != 0:
             for slot in self.slots:
                 if slot.req is not None and slot.row >= 0:
@@ -488,6 +504,8 @@ class LlamaEngine:
                 slot.spec = self._spec_state(req.speculation)
                 self.n_speculating += 1
             slot.started = time.perf_counter()
+            log.debug("admitted", request_id=req.log_id, slot=slot.seq, prompt_tokens=len(tokens), reused_tokens=reuse,
+                      keep_cache=req.keep_cache, waiting=len(self.waiting))  # fmt: skip
 
     @staticmethod
     def _pick_slot(free: list[Slot], tokens: list[int], keep_cache: bool) -> tuple[Slot, int]:

@@ -33,6 +33,7 @@ from workers.embedding_jobs import (
 )
 from workers.engines import EngineError, EngineOptions
 from workers.engines.llama_context import init_backend
+from workers.engines.thread_governor import ThreadGovernor
 
 log = structlog.get_logger("worker.llama_embed")
 
@@ -65,6 +66,7 @@ class LlamaEmbedEngine(QueuedEngine):
         self.max_len = max(1, min(self.n_ctx_train or BATCH_TOKENS, opts.nctx or BATCH_TOKENS, BATCH_TOKENS))
         self.n_batch = max(self.max_len, min(BATCH_TOKENS, self.max_len * MAX_SEQS))
         self.threads = self.max_threads = opts.threads or psutil.cpu_count(logical=False) or os.cpu_count() or 1
+        self.governor = ThreadGovernor(self.threads)
 
         cparams = L.llama_context_default_params()
         cparams.embeddings = True
@@ -162,7 +164,10 @@ class LlamaEmbedEngine(QueuedEngine):
         b.n_tokens = n
         if self.mem:
             L.llama_memory_clear(self.mem, True)
+        self._use_threads(self.governor.threads_for_step())
+        t0 = time.perf_counter()
         rc = L.llama_decode(self.ctx, b)
+        self.governor.after_step(n, time.perf_counter() - t0)
         if rc != 0:
             raise EngineError(f"llama_decode failed with status {rc}", status=500)
         rows = np.empty((len(seqs), self.width), dtype=np.float32)
@@ -226,7 +231,13 @@ class LlamaEmbedEngine(QueuedEngine):
         self.queue.submit_rerank(req, seqs)
 
     def set_threads(self, n: int) -> None:
-        n = max(1, min(n, self.max_threads))
+        self.governor.set_cap(min(n, self.max_threads))
+        self._use_threads(self.governor.threads)
+
+    def idle(self) -> None:
+        self.governor.idle()
+
+    def _use_threads(self, n: int) -> None:
         if n != self.threads:
             L.llama_set_n_threads(self.ctx, n, n)
             self.threads = n
