@@ -43,7 +43,7 @@ async def health() -> dict[str, str]:
 @get("/ready")
 async def ready(request: Request) -> Response[dict[str, str]]:
     state = request.app.state
-    if getattr(state, "draining", False):
+    if state.drain.draining:
         return Response({"error": "draining: shutting down"}, status_code=503, headers={"Retry-After": "5"})
     if getattr(state, "ready", False):
         return Response({"status": "ready"})

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import re
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
@@ -11,6 +12,7 @@ import zmq.asyncio
 from litestar import Litestar, Request, Response
 from litestar.config.cors import CORSConfig
 from litestar.exceptions import HTTPException, ValidationException
+from litestar.middleware import DefineMiddleware
 from litestar.plugins import PluginProtocol
 from litestar.plugins.core import MsgspecDIPlugin
 from sdnotify import SystemdNotifier
@@ -26,6 +28,7 @@ from gateway import (
     metrics,
 )
 from gateway.config import Settings
+from gateway.drain import Drain, DrainMiddleware
 from gateway.errors import GenieXError
 from gateway.ledger import Ledger
 from gateway.pool import WorkerPool
@@ -47,10 +50,21 @@ def _on_genie_error(_req: Request, exc: GenieXError) -> Response[ErrorResponse]:
     return _error(exc.status, exc.message, exc.code, exc.headers)
 
 
+_MISSING = re.compile(r"^Object missing required field `([^`]+)`")
+_BODY = "data"  # the handlers' body parameter: Litestar names it where the request's own field is meant
+
+
+def validation_detail(key: str | None, message: str) -> str:
+    """One problem in the request's own terms: `messages[0].role`: a required field is missing."""
+    key = "" if key in (None, _BODY) else key
+    if m := _MISSING.match(message):
+        return f"`{key + '.' if key else ''}{m.group(1)}`: a required field is missing"
+    return f"`{key}`: {message}" if key else message
+
+
 def _on_validation(_req: Request, exc: ValidationException) -> Response[ErrorResponse]:
     details = [
-        f"`{e['key']}`: {e.get('message', '')}" if isinstance(e, dict) and e.get("key") else str(e.get("message", e))
-        if isinstance(e, dict) else str(e)
+        validation_detail(e.get("key"), str(e.get("message", ""))) if isinstance(e, dict) else str(e)
         for e in (exc.extra or [])
     ]
     message = "; ".join(details) or exc.detail
@@ -81,6 +95,8 @@ class _Gateway(Litestar):
 
 
 def create_app(settings: Settings) -> Litestar:
+    drain = Drain()
+
     @asynccontextmanager
     async def resources(app: Litestar) -> AsyncIterator[None]:
         zctx = zmq.asyncio.Context()
@@ -122,7 +138,7 @@ def create_app(settings: Settings) -> Litestar:
             zctx.term()
 
     cors = CORSConfig(allow_origins=settings.origins) if settings.origins else None
-    return _Gateway(
+    app = _Gateway(
         route_handlers=[
             *api_chat.handlers,
             *api_completions.handlers,
@@ -133,7 +149,7 @@ def create_app(settings: Settings) -> Litestar:
             *api_ops.handlers,
         ],
         lifespan=[resources],
-        middleware=[RequestIdMiddleware],
+        middleware=[RequestIdMiddleware, DefineMiddleware(DrainMiddleware, drain=drain)],
         cors_config=cors,
         exception_handlers={
             GenieXError: _on_genie_error,
@@ -145,3 +161,5 @@ def create_app(settings: Settings) -> Litestar:
         logging_config=None,
         debug=False,
     )
+    app.state.drain = drain  # read by the server's signal handler before the lifespan runs
+    return app

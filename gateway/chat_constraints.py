@@ -110,17 +110,17 @@ def constraint_of(req: ChatRequest, grammar_dirs: list[Path], tools: str, forced
     if req.grammar_string is not None:
         if not req.grammar_string.strip():
             raise BadRequest("`grammar_string`: the grammar is empty")
-        found.append(("grammar_string", Constraint("gbnf", req.grammar_string)))
+        found.append(("grammar_string", Constraint("gbnf", req.grammar_string, "grammar_string")))
     if req.grammar_path is not None:
-        found.append(("grammar_path", Constraint("gbnf", read_grammar(req.grammar_path, grammar_dirs))))
+        found.append(("grammar_path", Constraint("gbnf", read_grammar(req.grammar_path, grammar_dirs), "grammar_path")))
     if req.response_format is not None and (schema := _response_format_schema(req.response_format)):
-        found.append(("response_format", Constraint("json_schema", schema)))
+        found.append(("response_format", Constraint("json_schema", schema, "response_format")))
     if req.enable_json:
-        found.append(("enable_json", Constraint("json_schema", ANY_OBJECT)))
+        found.append(("enable_json", Constraint("json_schema", ANY_OBJECT, "enable_json")))
     if tools == "required":
         assert req.tools is not None
-        found.append(("tool_choice", Constraint("json_schema", forced_tool_schema(req.tools, forced))))
-    if len({c for _, c in found}) > 1:  # `enable_json` with `response_format` json_object is one ask
+        found.append(("tool_choice", Constraint("json_schema", forced_tool_schema(req.tools, forced), "tools")))
+    if len({(c.kind, c.text) for _, c in found}) > 1:  # `enable_json` with `response_format` json_object is one ask
         names = ", ".join(f"`{n}`" for n, _ in found)
         raise BadRequest(f"{names}: only one output constraint per request")
     return found[0][1] if found else None

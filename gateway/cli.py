@@ -4,70 +4,129 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import difflib
+import errno
 import os
 import signal
+import socket
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 from gateway.config import DEFAULT_HOST, Settings, default_data_dir, split_host
 
 
-def _env(name: str, default: Any, cast: Callable[[str], Any] = str) -> Any:
-    raw = os.environ.get(f"GENIEX_{name.upper().replace('-', '_')}")
-    if raw is None or raw == "":
-        return default
-    try:
-        return cast(raw)
-    except ValueError:
-        raise SystemExit(f"error: GENIEX_{name.upper().replace('-', '_')}={raw!r} is not a valid value") from None
+# GENIEX_* variables that no flag reads but that the server does: the data dir's historical
+# spelling, llama.cpp's error log switch, and the QNN simulator's SoC model.
+OTHER_ENV = ("GENIEX_DATADIR", "GENIEX_LLAMA_LOG", "GENIEX_QNN_SOC_MODEL")
+
+
+def env_name(option: str) -> str:
+    """`--max-queue` reads `GENIEX_MAX_QUEUE`."""
+    return "GENIEX_" + option.lstrip("-").upper().replace("-", "_")
 
 
 def _csv(value: str) -> list[str]:
     return [v.strip() for v in value.split(",") if v.strip()]
 
 
-def _add_serve(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def _add_serve(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:  # type: ignore[type-arg]
     p = sub.add_parser("serve", help="run the OpenAI-compatible server")
     a = p.add_argument
-    a("--host", default=_env("host", DEFAULT_HOST), help="HOST:PORT to bind (default 127.0.0.1:18181)")
-    a("--nctx", type=int, default=_env("nctx", 4096, int), help="default context size per request")
-    a("--ngl", type=int, default=_env("ngl", -1, int), help="default GPU layers (-1: all)")
-    a("--compute", choices=["cpu", "gpu", "npu", "hybrid"], default=_env("compute", None))
-    a("--keepalive", type=float, default=_env("keepalive", 300.0, float),
-      help="stop a worker idle this many seconds (-1: never, 0: after each request)")  # fmt: skip
-    a("--origins", type=_csv, default=_env("origins", [], _csv), help="comma-separated CORS origins")
-    a("--data-dir", type=Path, default=default_data_dir())
-    a("--log-level", default=_env("log_level", None), choices=["debug", "info", "warning", "error"])
-    a("--parallel", type=int, default=_env("parallel", 0, int), help="sequences per worker (0: from nctx)")
-    a("--max-queue", type=int, default=_env("max_queue", 16, int), help="queued requests per worker before 503")
-    a("--max-loaded", type=int, default=_env("max_loaded", 0, int), help="resident workers (0: memory decides)")
-    a("--memory-reserve", type=int, default=_env("memory_reserve", 1024, int), help="MiB of RAM to keep free")
-    a("--drain-timeout", type=float, default=_env("drain_timeout", 30.0, float))
-    a("--load-timeout", type=float, default=_env("load_timeout", 120.0, float))
-    a("--preload", type=_csv, default=_env("preload", [], _csv), help="comma-separated models to load at start")
-    a("--threads", type=int, default=_env("threads", 0, int), help="threads per worker (0: physical cores)")
-    a("--crash-limit", type=int, default=_env("crash_limit", 3, int),
+    a("--host", default=DEFAULT_HOST, help="HOST:PORT to bind (default 127.0.0.1:18181)")
+    a("--nctx", type=int, default=4096, help="default context size per request")
+    a("--ngl", type=int, default=-1, help="default GPU layers (-1: all)")
+    a("--compute", choices=["cpu", "gpu", "npu", "hybrid"], default=None)
+    a("--keepalive", type=float, default=300.0, help="stop a worker idle this many seconds (-1: never, 0: after each request)")
+    a("--origins", type=_csv, default=[], help="comma-separated CORS origins")
+    a("--data-dir", type=Path, default=None, help="model store and usage ledger (default $GENIEX_DATADIR or ~/.cache/geniex)")
+    a("--log-level", default=None, choices=["debug", "info", "warning", "error"])
+    a("--parallel", type=int, default=0, help="sequences per worker (0: from nctx)")
+    a("--max-queue", type=int, default=16, help="queued requests per worker before 503")
+    a("--max-loaded", type=int, default=0, help="resident workers (0: memory decides)")
+    a("--memory-reserve", type=int, default=1024, help="MiB of RAM to keep free")
+    a("--drain-timeout", type=float, default=30.0, help="seconds in-flight requests may take to finish on SIGTERM")
+    a("--load-timeout", type=float, default=120.0, help="seconds a worker may take to load its model")
+    a("--preload", type=_csv, default=[], help="comma-separated models to load at start")
+    a("--threads", type=int, default=0, help="threads per worker (0: physical cores)")
+    a("--crash-limit", type=int, default=3,
       help="crashes within --crash-window after which a model is refused for --crash-backoff (0: never)")  # fmt: skip
-    a("--crash-window", type=float, default=_env("crash_window", 60.0, float))
-    a("--crash-backoff", type=float, default=_env("crash_backoff", 30.0, float))
-    a("--stream-interval", dest="stream_interval_ms", type=int, default=_env("stream_interval", 20, int),
+    a("--crash-window", type=float, default=60.0)
+    a("--crash-backoff", type=float, default=30.0)
+    a("--stream-interval", dest="stream_interval_ms", type=int, default=20,
       help="ms: tokens generated closer together than this are sent in one chunk, times the number of "
            "sequences decoding at once (0: one chunk per token)")  # fmt: skip
-    a("--worker-nice", type=int, default=_env("worker_nice", 10, int),
-      help="nice value of worker processes (0..19; 10 by default: decoding yields the CPU to the gateway, "
-           "health probes and interactive programs; 0 where other CPU-heavy jobs must not outrank inference)")  # fmt: skip
-    a("--grammar-dir", dest="grammar_dirs", action="append", type=Path,
-      default=[Path(d) for d in _env("grammar_dir", "", str).split(os.pathsep) if d],
+    a("--worker-nice", type=int, default=0,
+      help="added to the workers' nice value (0..19; 0 by default: workers run at the gateway's priority. "
+           "Above 0, any other busy program outranks inference; see the README)")  # fmt: skip
+    a("--grammar-dir", dest="grammar_dirs", action="append", type=Path, default=[],
       help="a folder `grammar_path` may read GBNF files from (repeatable; none by default)")  # fmt: skip
     p.set_defaults(func=_serve)
+    return p
+
+
+def serve_parser() -> argparse.ArgumentParser:
+    """The `serve` flags alone (the README's table is checked against them)."""
+    return _add_serve(argparse.ArgumentParser(prog="geniex").add_subparsers())
+
+
+def serve_flags(p: argparse.ArgumentParser) -> list[argparse.Action]:
+    return [a for a in p._actions if a.option_strings and a.dest != "help"]
+
+
+def _env_defaults(p: argparse.ArgumentParser) -> None:
+    """Every flag's default from its GENIEX_<FLAG> variable; a list flag takes a separated list
+    (`,` for --origins/--preload, the path separator for --grammar-dir)."""
+    for action in serve_flags(p):
+        name = env_name(action.option_strings[0])
+        raw = os.environ.get(name)
+        if raw is None or raw == "":
+            continue
+        cast: Callable[[str], Any] = action.type or str  # type: ignore[assignment]
+        try:
+            if isinstance(action, argparse._AppendAction):
+                value: Any = [cast(v) for v in raw.split(os.pathsep) if v]
+            else:
+                value = cast(raw)
+        except (ValueError, argparse.ArgumentTypeError):
+            raise SystemExit(f"error: {name}={raw!r} is not a valid value for {action.option_strings[0]}") from None
+        if action.choices is not None and value not in action.choices:
+            raise SystemExit(f"error: {name}={raw!r}: choose from {', '.join(map(str, action.choices))}")
+        action.default = value
+
+
+def unknown_env(p: argparse.ArgumentParser, environ: Mapping[str, str]) -> list[str]:
+    """Warnings for GENIEX_* variables that nothing reads (a typo would otherwise be silent)."""
+    known = {env_name(a.option_strings[0]) for a in serve_flags(p)} | set(OTHER_ENV)
+    out = []
+    for name in sorted(k for k in environ if k.startswith("GENIEX_") and k not in known):
+        close = difflib.get_close_matches(name[7:], sorted(k[7:] for k in known), n=1)  # past "GENIEX_"
+        out.append(f"{name} is set, but no setting reads it" + (f" (did you mean GENIEX_{close[0]}?)" if close else ""))
+    return out
+
+
+def _listen(host: str, port: int) -> socket.socket:
+    """Bind before anything announces that the server is up; a busy port is one clear line."""
+    try:
+        family, kind, proto, _name, addr = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+        sock = socket.socket(family, kind, proto)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(addr)
+        sock.listen(2048)
+    except OSError as exc:
+        why = "the address is already in use (is another server running there?)" if exc.errno == errno.EADDRINUSE \
+            else (exc.strerror or str(exc))  # fmt: skip
+        raise SystemExit(f"error: cannot listen on {host}:{port}: {why}") from None
+    sock.set_inheritable(False)
+    return sock
 
 
 def _serve(args: argparse.Namespace) -> int:
     from protocol.startup import skip_rich
 
     skip_rich()
+    import structlog
     import uvicorn
 
     from gateway.app import create_app
@@ -76,6 +135,7 @@ def _serve(args: argparse.Namespace) -> int:
     if not 0 <= args.worker_nice <= 19:
         raise SystemExit(f"error: --worker-nice must be 0..19, not {args.worker_nice}")
     host, port = split_host(args.host)
+    sock = _listen(host, port)
     settings = Settings(
         host=host,
         port=port,
@@ -84,7 +144,7 @@ def _serve(args: argparse.Namespace) -> int:
         compute=args.compute,
         keepalive=args.keepalive,
         origins=args.origins,
-        data_dir=args.data_dir,
+        data_dir=args.data_dir or default_data_dir(),
         log_level=args.log_level,
         parallel=args.parallel,
         max_queue=args.max_queue,
@@ -102,6 +162,9 @@ def _serve(args: argparse.Namespace) -> int:
         worker_nice=args.worker_nice,
     )
     configure_logging(settings.log_level)
+    log = structlog.get_logger("gateway")
+    for warning in args.env_warnings:
+        log.warning(warning)
     app = create_app(settings)
     config = uvicorn.Config(
         app,
@@ -110,28 +173,44 @@ def _serve(args: argparse.Namespace) -> int:
         log_level="warning",
         access_log=False,
         lifespan="on",
-        timeout_graceful_shutdown=int(settings.drain_timeout) or None,
+        # In-flight requests have finished (or run out of time) before uvicorn is told to stop.
+        timeout_graceful_shutdown=2,
         server_header=False,
     )
-    _draining_server_class()(config, app).run()
+    _draining_server_class()(config, app, settings.drain_timeout).run(sockets=[sock])
     return 0
 
 
 def _draining_server_class():  # type: ignore[no-untyped-def]
+    import asyncio
+
     import uvicorn
 
     class DrainingServer(uvicorn.Server):
-        """On SIGTERM/SIGINT, /ready turns 503 at once; uvicorn then stops accepting,
-        lets in-flight requests finish (up to --drain-timeout), and the app's
-        lifespan stops the workers."""
+        """On SIGTERM/SIGINT the server keeps listening while requests are in flight (up to
+        --drain-timeout): /ready answers 503 and new work is refused (gateway/drain.py), so a
+        load balancer sees the drain. Then uvicorn stops accepting and the app's lifespan stops
+        the workers. A second signal stops at once."""
 
-        def __init__(self, config: uvicorn.Config, app: Any) -> None:
+        def __init__(self, config: uvicorn.Config, app: Any, drain_timeout: float) -> None:
             super().__init__(config)
-            self._app = app
+            self._drain = app.state.drain
+            self._drain_timeout = drain_timeout
+            self._draining: asyncio.Task[None] | None = None
 
         def handle_exit(self, sig: int, frame: Any) -> None:
-            self._app.state.draining = True
-            super().handle_exit(sig, frame)
+            if self._drain.draining or self._drain_timeout <= 0:
+                return super().handle_exit(sig, frame)
+            self._drain.draining = True
+            # A signal handler runs between any two bytecodes: hand over to the loop first.
+            asyncio.get_event_loop().call_soon_threadsafe(self._start_drain, sig)
+
+        def _start_drain(self, sig: int) -> None:
+            self._draining = asyncio.ensure_future(self._finish_drain(sig))
+
+        async def _finish_drain(self, sig: int) -> None:
+            await self._drain.wait(self._drain_timeout)
+            super().handle_exit(sig, None)
 
         @contextlib.contextmanager
         def capture_signals(self) -> Iterator[None]:
@@ -153,7 +232,9 @@ def main(argv: list[str] | None = None) -> int:
 
     parser = argparse.ArgumentParser(prog="geniex", description="GenieX Server: local OpenAI-compatible inference")
     sub = parser.add_subparsers(dest="command", required=True)
-    _add_serve(sub)
+    serve = _add_serve(sub)
+    _env_defaults(serve)
+    serve.set_defaults(env_warnings=unknown_env(serve, os.environ))
     add_model_commands(sub)
     add_usage_command(sub)
     args = parser.parse_args(argv)

@@ -11,7 +11,8 @@ DEFAULT_HOST = "127.0.0.1:18181"
 
 
 def default_data_dir() -> Path:
-    env = os.environ.get("GENIEX_DATADIR")
+    """GENIEX_DATA_DIR (the `--data-dir` flag's variable), GENIEX_DATADIR (GenieX's own name), or ~/.cache/geniex."""
+    env = os.environ.get("GENIEX_DATA_DIR") or os.environ.get("GENIEX_DATADIR")
     return Path(env).expanduser() if env else Path("~/.cache/geniex").expanduser()
 
 
@@ -37,9 +38,9 @@ class Settings(msgspec.Struct, kw_only=True):
     crash_window: float = 60.0
     crash_backoff: float = 30.0
     stream_interval_ms: int = 20  # tokens closer together than this share one Delta/chunk (0: never)
-    # Workers run at this nice value (Linux/macOS), so the gateway, health probes and the
-    # desktop get a core at once when decoding holds both (bench/README.md: /health p99).
-    worker_nice: int = 10
+    # Added to the workers' nice value (Linux/macOS). 0: the gateway's own. A higher value made
+    # /health p99 slightly better on an idle box and decoding collapse beside any busy program.
+    worker_nice: int = 0
     grammar_dirs: list[Path] = []  # where `grammar_path` may read from; none by default
 
 

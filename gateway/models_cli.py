@@ -40,7 +40,7 @@ def add_model_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore
 
 def _add_data_dir(p: argparse.ArgumentParser) -> None:
     # Default resolved at run time, so GENIEX_DATADIR set after the parser is built still counts.
-    p.add_argument("--data-dir", type=Path, default=None, metavar="DIR", help="default: $GENIEX_DATADIR or ~/.cache/geniex")
+    p.add_argument("--data-dir", type=Path, default=None, metavar="DIR", help="default: $GENIEX_DATA_DIR, $GENIEX_DATADIR or ~/.cache/geniex")
 
 
 def _store(args: argparse.Namespace) -> ModelStore:

@@ -90,7 +90,7 @@ class WorkerPool:
         if left > 0:
             s = self.settings
             raise Overloaded(
-                f"the worker for {key.model} crashed {s.crash_limit} times within {s.crash_window:.0f}s; "
+                f"the worker for {key.model} crashed {s.crash_limit} times within {s.crash_window:g}s; "
                 f"not restarting it for another {left:.0f}s (see the server log for the cause)",
                 retry_after=max(1, int(left + 0.5)),
             )
@@ -197,13 +197,17 @@ class WorkerPool:
         try:
             while True:
                 available = psutil.virtual_memory().available - self.settings.memory_reserve_mb * (1 << 20)
+                residents = self._residents()
                 plan = plan_evictions(
-                    self._residents(),
+                    residents,
                     need_bytes=need,
                     available_bytes=available,
                     max_loaded=self.settings.max_loaded,
                     npu=key.compute == "npu",
                 )
+                log.debug("eviction plan", worker=key.slug, need_mb=need >> 20, available_mb=available >> 20,
+                          max_loaded=self.settings.max_loaded, evict=plan,
+                          residents=[{"worker": r.slug, "idle": r.idle, "mb": r.bytes >> 20} for r in residents])  # fmt: skip
                 if plan is not None:
                     await self._evict(plan)
                     return

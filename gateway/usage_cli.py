@@ -22,7 +22,7 @@ def add_usage_command(sub: argparse._SubParsersAction) -> None:  # type: ignore[
     p.add_argument("--json", action="store_true", help="print a JSON array instead of a table")
     p.add_argument("--since", type=_day, metavar="YYYY-MM-DD", help="only days on or after this UTC date")
     p.add_argument("--model", help="only this model id")
-    p.add_argument("--data-dir", type=Path, default=None, metavar="DIR", help="default: $GENIEX_DATADIR or ~/.cache/geniex")
+    p.add_argument("--data-dir", type=Path, default=None, metavar="DIR", help="default: $GENIEX_DATA_DIR, $GENIEX_DATADIR or ~/.cache/geniex")
     p.set_defaults(func=_usage)
 
 
@@ -34,16 +34,19 @@ def _day(value: str) -> str:
 
 
 def _usage(args: argparse.Namespace) -> int:
-    conn = open_readonly(args.data_dir if args.data_dir is not None else default_data_dir())
-    rows: list[UsageRow] = []
-    if conn is not None:
-        try:
-            rows = query(conn, args.since, args.model)
-        except sqlite3.Error as exc:
-            print(f"error: cannot read the usage ledger: {exc}", file=sys.stderr)
-            return 1
-        finally:
-            conn.close()
+    data_dir = args.data_dir if args.data_dir is not None else default_data_dir()
+    conn = open_readonly(data_dir)
+    if conn is None:
+        # A server writes its ledger as soon as it starts: none here is most likely a wrong folder.
+        print(f"error: there is no usage ledger in {data_dir} (no server has run with this --data-dir)", file=sys.stderr)
+        return 1
+    try:
+        rows: list[UsageRow] = query(conn, args.since, args.model)
+    except sqlite3.Error as exc:
+        print(f"error: cannot read the usage ledger: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        conn.close()
     if args.json:
         print(msgspec.json.encode(rows).decode())
         return 0

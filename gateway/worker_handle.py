@@ -8,6 +8,7 @@ with the reason at once, so nothing hangs on a dead worker.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import itertools
 import os
 import signal
@@ -28,6 +29,7 @@ from gateway.errors import (
     WorkerDied,
     WorkerUnavailable,
 )
+from gateway.request_id import current_request_id
 from gateway.worker_state import IllegalTransition, State, can_move
 from protocol.keys import WorkerKey
 from protocol.wire import (
@@ -83,13 +85,14 @@ class WorkerSpec:
 
 
 class _Pending:
-    """One request in flight: where its replies go, and how far it has got."""
+    """One request in flight: where its replies go, how far it has got, and its request id."""
 
-    __slots__ = ("queue", "n_tokens")
+    __slots__ = ("queue", "n_tokens", "log_id")
 
-    def __init__(self) -> None:
+    def __init__(self, log_id: str) -> None:
         self.queue: asyncio.Queue[object] = asyncio.Queue()
         self.n_tokens = 0
+        self.log_id = log_id
 
 
 ExitCallback = Callable[["WorkerHandle", bool], None]
@@ -189,19 +192,21 @@ class WorkerHandle:
             "--name", s.key.slug,
             "--log-level", s.log_level,
         ]  # fmt: skip
+        self.log.debug("worker command", argv=cmd)
         self.proc = await asyncio.create_subprocess_exec(*cmd, stdin=asyncio.subprocess.DEVNULL)
         self.log = self.log.bind(pid=self.proc.pid)
         self.log.info("worker spawned", model=s.key.model, engine=s.engine)
+        # The worker outlives the request that started it: its tasks log without that request's id.
         self._tasks = [
-            asyncio.create_task(self._read_replies(), name=f"read:{s.key.slug}"),
-            asyncio.create_task(self._watch_process(), name=f"watch:{s.key.slug}"),
+            asyncio.create_task(self._read_replies(), name=f"read:{s.key.slug}", context=contextvars.Context()),
+            asyncio.create_task(self._watch_process(), name=f"watch:{s.key.slug}", context=contextvars.Context()),
         ]
         try:
             ready = await asyncio.wait_for(asyncio.shield(self._ready), s.load_timeout)
         except TimeoutError:
             await self.stop(graceful=False)
             raise WorkerUnavailable(
-                f"worker for {s.key.model} did not become ready within {s.load_timeout:.0f}s; "
+                f"worker for {s.key.model} did not become ready within {s.load_timeout:g}s; "
                 "raise --load-timeout if the model is large, or check the worker's log"
             ) from None
         except GenieXError:
@@ -266,7 +271,8 @@ class WorkerHandle:
         if self._dying:
             reason += f": {self._dying}"
         self.exit_reason = reason
-        self.log.error("worker died", reason=reason, inflight=len(self._queues))
+        self.log.error("worker died", reason=reason, inflight=len(self._queues),
+                       requests=[p.log_id for p in self._queues.values()])  # fmt: skip
         err = WorkerDied(f"worker for {self.key.model} died ({reason})")
         if not self._ready.done():
             self._ready.set_exception(err)
@@ -337,7 +343,7 @@ class WorkerHandle:
             )
         req_id = next(self._ids)
         became_busy = not self._queues
-        pending = self._queues[req_id] = _Pending()
+        pending = self._queues[req_id] = _Pending(current_request_id() or "")
         if became_busy and self._on_busy is not None:
             self._on_busy(self)
         self.last_used = time.monotonic()

@@ -47,10 +47,12 @@ class Speculation(msgspec.Struct, array_like=True, omit_defaults=True, frozen=Tr
 
 class Constraint(msgspec.Struct, array_like=True, frozen=True):
     """A grammar the output must follow: `gbnf` text, or a `json_schema` (JSON text) the
-    worker converts to GBNF with llama.cpp's own converter."""
+    worker converts to GBNF with llama.cpp's own converter. `field` is the request field that
+    asked for it, so that a refusal names it (`grammar_string`, `response_format`, ...)."""
 
     kind: Literal["gbnf", "json_schema"]
     text: str
+    field: str = ""
 
 
 class Generate(msgspec.Struct, tag="generate", array_like=True, omit_defaults=True):

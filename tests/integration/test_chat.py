@@ -169,12 +169,13 @@ def test_warmup_with_empty_messages_returns_null(server: ServerProcess) -> None:
     [
         ({"messages": HAIKU}, "model"),
         ({"model": MODEL}, "messages"),
+        ({"model": MODEL, "messages": [{"content": "x"}]}, "messages[0].role"),
         ({"model": MODEL, "messages": HAIKU, "temperature": "hot"}, "temperature"),
         ({"model": MODEL, "messages": HAIKU, "temperature": 5}, "temperature"),
         ({"model": MODEL, "messages": HAIKU, "top_p": 1.5}, "top_p"),
         ({"model": MODEL, "messages": HAIKU, "max_tokens": 0}, "max_tokens"),
         ({"model": MODEL, "messages": HAIKU, "presence_penalty": -3}, "presence_penalty"),
-        ({"model": MODEL, "messages": [{"role": "wizard", "content": "x"}]}, "role"),
+        ({"model": MODEL, "messages": [{"role": "wizard", "content": "x"}]}, "messages[0].role"),
         ({"model": MODEL, "messages": HAIKU, "compute": "tpu"}, "compute"),
     ],
 )
@@ -182,7 +183,8 @@ def test_invalid_input_is_400_naming_the_field(server: ServerProcess, body: dict
     r = httpx.post(f"{server.base_url}/v1/chat/completions", json=body, timeout=30)
     assert r.status_code == 400, r.text
     err = r.json()["error"]
-    assert isinstance(err, str) and field in err
+    # The request's own field, never the handler's parameter name (`data`).
+    assert isinstance(err, str) and f"`{field}`: " in err and "`data`" not in err, err
 
 
 def test_malformed_json_is_400(server: ServerProcess) -> None:

@@ -200,11 +200,12 @@ def test_bad_grammar_is_a_400_with_the_parser_message(server: ServerProcess, str
     r = httpx.post(f"{server.base_url}/v1/chat/completions", json=body, timeout=60)
     assert r.status_code == 400
     assert "undefined-rule" in r.json()["error"]
+    assert r.json()["error"].startswith("`grammar_string`: "), "the error names the request's own field"
 
 
 def test_bad_schema_and_conflicts_are_400s(client: openai.OpenAI) -> None:
     bad_schema = {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "bogus"}}}
-    assert "json_schema" in _bad(client, response_format=bad_schema)
+    assert _bad(client, response_format=bad_schema).startswith("`response_format`: cannot turn this schema")
     assert "schema" in _bad(client, response_format={"type": "json_schema", "json_schema": {"name": "x"}})
     assert "only one" in _bad(client, response_format={"type": "json_object"}, extra_body={"grammar_string": 'root ::= "a"'})
 

@@ -71,21 +71,6 @@ def log_events(srv: ServerProcess, event: str) -> list[dict]:
     return out
 
 
-@pytest.fixture
-def start(tmp_path: Path):  # type: ignore[no-untyped-def]
-    servers: list[ServerProcess] = []
-
-    def make(*args: str, data_dir: Path | None = None) -> ServerProcess:
-        srv = ServerProcess(data_dir or tmp_path / f"data{len(servers)}", *args)
-        servers.append(srv)
-        srv.wait_ready()
-        return srv
-
-    yield make
-    for srv in servers:
-        srv.stop(signal.SIGKILL)
-
-
 # ---- crashes -------------------------------------------------------------------
 
 
@@ -303,19 +288,6 @@ def test_preload_loads_at_start(start) -> None:  # type: ignore[no-untyped-def]
     srv = start("--nctx", "512", "--preload", MODEL)
     rows = workers(srv)  # /ready answered 200, so the preload is done
     assert [w["model"] for w in rows] == [MODEL] and rows[0]["state"] == "idle"
-    # Workers yield the CPU (default nice 10), every thread of them: llama.cpp's and ZeroMQ's too.
-    if sys.platform.startswith("linux"):
-        base = os.getpriority(os.PRIO_PROCESS, 0)
-        assert {os.getpriority(os.PRIO_PROCESS, t.id) for t in psutil.Process(rows[0]["pid"]).threads()} == {min(19, base + 10)}
-        assert psutil.Process(srv.proc.pid).nice() == base  # the gateway itself is untouched
-
-
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="per-thread nice values are Linux")
-def test_worker_nice_is_configurable(start) -> None:  # type: ignore[no-untyped-def]
-    srv = start("--nctx", "512", "--preload", MODEL, "--worker-nice", "0")
-    pid = workers(srv)[0]["pid"]
-    base = os.getpriority(os.PRIO_PROCESS, 0)
-    assert {os.getpriority(os.PRIO_PROCESS, t.id) for t in psutil.Process(pid).threads()} == {base}
 
 
 def test_keep_cache_reuses_the_prefix_and_nothing_leaks_without_it(start) -> None:  # type: ignore[no-untyped-def]

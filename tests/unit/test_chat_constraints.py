@@ -81,8 +81,9 @@ def test_constraints() -> None:
     assert constraint_of(req(), [], "none", None) is None
     assert constraint_of(req(response_format={"type": "text"}), [], "none", None) is None
     assert constraint_of(req(enable_json=True, response_format={"type": "json_object"}), [], "none", None) == Constraint(
-        "json_schema", '{"type": "object"}')
-    assert constraint_of(req(grammar_string="root ::= x"), [], "none", None) == Constraint("gbnf", "root ::= x")
+        "json_schema", '{"type": "object"}', "response_format")
+    assert constraint_of(req(grammar_string="root ::= x"), [], "none", None) == Constraint("gbnf", "root ::= x",
+                                                                                           "grammar_string")
     with pytest.raises(BadRequest, match="only one"):
         constraint_of(req(grammar_string="root ::= x", enable_json=True), [], "none", None)
     with pytest.raises(BadRequest, match="empty"):

@@ -19,8 +19,8 @@ MAX_MESSAGE = 2000
 
 def grammar_sampler(vocab: ctypes.c_void_p, constraint: Constraint) -> ctypes.c_void_p:
     """A grammar sampler for `constraint`; EngineError(400) with the parser's own words if it is invalid."""
-    field = "grammar" if constraint.kind == "gbnf" else "json_schema"
-    text = constraint.text if constraint.kind == "gbnf" else schema_to_gbnf(constraint.text)
+    field = constraint.field or ("grammar_string" if constraint.kind == "gbnf" else "response_format")
+    text = constraint.text if constraint.kind == "gbnf" else schema_to_gbnf(constraint.text, field)
     if not text.strip():
         raise EngineError(f"`{field}`: the grammar is empty")
     with _stderr_captured() as captured:
@@ -32,12 +32,12 @@ def grammar_sampler(vocab: ctypes.c_void_p, constraint: Constraint) -> ctypes.c_
     return sampler
 
 
-def schema_to_gbnf(schema_json: str) -> str:
-    """llama.cpp's JSON-schema-to-GBNF converter; its refusals become 400s."""
+def schema_to_gbnf(schema_json: str, field: str = "response_format") -> str:
+    """llama.cpp's JSON-schema-to-GBNF converter; its refusals become 400s naming `field`."""
     try:
         return json_schema_to_gbnf(schema_json)
     except Exception as exc:
-        raise EngineError(f"`json_schema`: cannot turn this schema into a grammar: {exc}"[:MAX_MESSAGE]) from exc
+        raise EngineError(f"`{field}`: cannot turn this schema into a grammar: {exc}"[:MAX_MESSAGE]) from exc
 
 
 @contextlib.contextmanager

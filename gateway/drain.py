@@ -1,0 +1,56 @@
+"""Graceful shutdown as a load balancer sees it.
+
+On SIGTERM the server keeps listening while requests are in flight (up to --drain-timeout):
+`/ready` answers 503, new work is refused with 503 and `Retry-After`, and everything already
+running finishes. Only then does uvicorn close the listener and the workers stop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import msgspec
+from litestar.types import ASGIApp, Receive, Scope, Send
+
+from gateway.request_id import current_request_id
+from protocol.errors import ErrorResponse
+
+# Probes and read-only views stay open while draining; anything that starts work is refused.
+OPEN_PATHS = ("/health", "/ready", "/metrics")
+
+
+class Drain:
+    def __init__(self) -> None:
+        self.draining = False
+        self.inflight = 0
+
+    async def wait(self, timeout: float) -> None:
+        """Until no request is in flight, or `timeout` seconds."""
+        deadline = time.monotonic() + timeout
+        while self.inflight and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+
+
+class DrainMiddleware:
+    def __init__(self, app: ASGIApp, drain: Drain) -> None:
+        self.app = app
+        self.drain = drain
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["path"] in OPEN_PATHS:
+            await self.app(scope, receive, send)
+            return
+        if self.drain.draining and scope["method"] != "GET":
+            body = msgspec.json.encode(ErrorResponse(error="the server is shutting down; retry on another instance "
+                                                           "or in a moment", request_id=current_request_id()))  # fmt: skip
+            await send({"type": "http.response.start", "status": 503,
+                        "headers": [(b"content-type", b"application/json"), (b"retry-after", b"5"),
+                                    (b"connection", b"close")]})  # fmt: skip
+            await send({"type": "http.response.body", "body": body})
+            return
+        self.drain.inflight += 1
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            self.drain.inflight -= 1

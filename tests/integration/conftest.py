@@ -1,0 +1,25 @@
+from __future__ import annotations
+
+import signal
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.server_proc import ServerProcess
+
+
+@pytest.fixture
+def start(tmp_path: Path) -> Iterator[Callable[..., ServerProcess]]:
+    """Start a server of its own with these flags (ready when returned); killed after the test."""
+    servers: list[ServerProcess] = []
+
+    def make(*args: str, data_dir: Path | None = None) -> ServerProcess:
+        srv = ServerProcess(data_dir or tmp_path / f"data{len(servers)}", *args)
+        servers.append(srv)
+        srv.wait_ready()
+        return srv
+
+    yield make
+    for srv in servers:
+        srv.stop(signal.SIGKILL)

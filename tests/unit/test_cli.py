@@ -1,0 +1,58 @@
+"""`geniex serve`'s flags: the README documents every one, and every GENIEX_* variable is read or named."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from gateway import cli
+
+README = Path(__file__).resolve().parents[2] / "README.md"
+
+
+def readme_flags() -> set[str]:
+    text = README.read_text()
+    table = text[text.index("| flag | default | meaning |"):]
+    table = table[: table.index("\n\n")]
+    return set(re.findall(r"^\| `(--[a-z-]+)`", table, flags=re.M))
+
+
+def test_the_readme_flag_table_lists_every_serve_flag_and_no_other() -> None:
+    flags = {a.option_strings[0] for a in cli.serve_flags(cli.serve_parser())}
+    assert readme_flags() == flags
+
+
+def test_every_flag_reads_its_geniex_variable(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("GENIEX_DATA_DIR", str(tmp_path))
+    monkeypatch.setenv("GENIEX_MAX_LOADED", "2")
+    monkeypatch.setenv("GENIEX_PRELOAD", "a/b, c/d")
+    monkeypatch.setenv("GENIEX_GRAMMAR_DIR", f"{tmp_path}/x:{tmp_path}/y")
+    monkeypatch.setenv("GENIEX_STREAM_INTERVAL", "0")
+    p = cli.serve_parser()
+    cli._env_defaults(p)
+    args = p.parse_args([])
+    assert args.data_dir == tmp_path and args.max_loaded == 2 and args.preload == ["a/b", "c/d"]
+    assert args.grammar_dirs == [tmp_path / "x", tmp_path / "y"] and args.stream_interval_ms == 0
+    assert p.parse_args(["--max-loaded", "3"]).max_loaded == 3  # the flag beats the variable
+
+
+def test_a_bad_variable_value_is_one_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("GENIEX_NCTX", "lots")
+    with pytest.raises(SystemExit, match="GENIEX_NCTX='lots' is not a valid value for --nctx"):
+        cli._env_defaults(cli.serve_parser())
+    monkeypatch.setenv("GENIEX_NCTX", "512")
+    monkeypatch.setenv("GENIEX_LOG_LEVEL", "loud")
+    with pytest.raises(SystemExit, match="GENIEX_LOG_LEVEL='loud': choose from debug"):
+        cli._env_defaults(cli.serve_parser())
+
+
+def test_unread_geniex_variables_are_named_with_a_suggestion() -> None:
+    env = {"GENIEX_NCTX": "1", "GENIEX_DATADIR": "/x", "GENIEX_DATA_DIR": "/x", "GENIEX_LLAMA_LOG": "1",
+           "GENIEX_NTCX": "1", "GENIEX_WHATEVER": "1", "HOME": "/root"}  # fmt: skip
+    warnings = cli.unknown_env(cli.serve_parser(), env)
+    assert warnings == [
+        "GENIEX_NTCX is set, but no setting reads it (did you mean GENIEX_NCTX?)",
+        "GENIEX_WHATEVER is set, but no setting reads it",
+    ]
