@@ -315,3 +315,55 @@ def test_user_is_recorded_in_the_ledger(client: openai.OpenAI, server: ServerPro
     client.chat.completions.create(model=MODEL, messages=ASK, max_tokens=2, user="alice-42")
     rows = httpx.get(f"{server.base_url}/v1/usage", timeout=10).json()
     assert any(r.get("user") == "alice-42" for r in rows["data"])
+
+
+def test_logprob_values_are_the_log_softmax_of_the_models_logits(client: openai.OpenAI, server: ServerProcess) -> None:
+    """Each chosen token's logprob and its top alternatives equal the log-softmax of the row
+    `/v1/logits` gives for the same ids (which equals llama.cpp's own, test_logits.py). The
+    prompt is rendered here from the GGUF's own template, independently of the server."""
+    import jinja2
+    import llama_cpp
+    import numpy as np
+
+    from tests.integration.test_logits import gguf_path
+
+    r = client.chat.completions.create(model=MODEL, messages=ASK, temperature=0, max_tokens=8, logprobs=True,
+                                       top_logprobs=5)  # fmt: skip
+    items = r.choices[0].logprobs.content
+    assert len(items) == 8
+    vocab = llama_cpp.Llama(model_path=gguf_path(), vocab_only=True, verbose=False)
+    try:
+        source = vocab.metadata["tokenizer.chat_template"]
+        prompt = jinja2.Environment().from_string(source).render(messages=ASK, add_generation_prompt=True)
+        ids = vocab.tokenize(prompt.encode(), add_bos=False, special=True)
+        assert len(ids) == r.usage.prompt_tokens
+        for item in items:
+            got = httpx.post(f"{server.base_url}/v1/logits", json={"model": MODEL, "input_ids": ids, "last_only": True,
+                                                                   "top_n": 0}, timeout=120)  # fmt: skip
+            row = np.array(got.json()["rows"][0]["logits"], dtype=np.float64)
+            logsoftmax = row - (row.max() + np.log(np.exp(row - row.max()).sum()))
+            chosen = int(row.argmax())  # greedy
+            assert vocab.detokenize([chosen], special=True) == bytes(item.bytes)
+            assert item.logprob == pytest.approx(logsoftmax[chosen], abs=0.01)
+            top = np.argsort(-logsoftmax)[:5]
+            assert [x.logprob for x in item.top_logprobs] == pytest.approx(list(logsoftmax[top]), abs=0.01)
+            ids.append(chosen)
+    finally:
+        vocab.close()
+
+
+def test_a_natural_stop_bills_exactly_the_tokens_of_the_answer(client: openai.OpenAI) -> None:
+    """The end-of-generation token ends the answer; it is not part of it, nor of the bill."""
+    for stream in (False, True):
+        kw: dict[str, Any] = {"model": MODEL, "messages": [{"role": "user", "content": "Say hello."}], "temperature": 0,
+                              "max_tokens": 200, "logprobs": True}  # fmt: skip
+        if stream:
+            chunks = list(client.chat.completions.create(stream=True, stream_options={"include_usage": True}, **kw))
+            items = [t for c in chunks if c.choices and c.choices[0].logprobs for t in c.choices[0].logprobs.content]
+            finish = next(c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason)
+            usage = chunks[-1].usage
+        else:
+            r = client.chat.completions.create(**kw)
+            items, finish, usage = r.choices[0].logprobs.content, r.choices[0].finish_reason, r.usage
+        assert finish == "stop"
+        assert usage.completion_tokens == len(items) > 0

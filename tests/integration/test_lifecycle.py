@@ -10,6 +10,7 @@ import subprocess
 import sys
 import threading
 import time
+from datetime import datetime
 from pathlib import Path
 
 import httpx
@@ -71,6 +72,10 @@ def log_events(srv: ServerProcess, event: str) -> list[dict]:
     return out
 
 
+def _ts(event: dict) -> float:  # type: ignore[type-arg]
+    return datetime.fromisoformat(event["timestamp"].replace("Z", "+00:00")).timestamp()
+
+
 # ---- crashes -------------------------------------------------------------------
 
 
@@ -88,7 +93,8 @@ def test_sigkill_mid_stream_20_times(start) -> None:  # type: ignore[no-untyped-
         with pytest.raises(openai.APIError) as e:
             for _ in it:
                 pass
-        assert "died" in str(e.value.message) or "error" in str(e.value.message).lower()
+        # The SDK keeps the SSE error event's text as the body: it names the cause.
+        assert "died" in str(e.value.body) and "SIGKILL" in str(e.value.body), e.value.body
         assert srv.proc.poll() is None, "the gateway must survive a worker kill"
         # non-streaming requests in flight get a 500 with an error body
         if i % 5 == 0:
@@ -258,20 +264,32 @@ def test_eviction_is_lru_and_never_hits_a_busy_worker(start, tmp_path: Path) -> 
     client.chat.completions.create(model=c, messages=LONG, max_tokens=1)
     assert sorted(w["model"] for w in workers(srv)) == sorted([MODEL, c])
 
-    # max-loaded 1: a busy worker is not evicted; the newcomer waits for it to finish
-    srv2 = start("--nctx", "512", "--max-loaded", "1", data_dir=data)
+    # max-loaded 1: a busy worker is not evicted; the newcomer waits for it to finish. The stream
+    # is longer than an eviction's graceful drain (10 s), so evicting it would cut it short.
+    srv2 = start("--nctx", "2048", "--max-loaded", "1", data_dir=data)
     client2 = client_for(srv2)
-    stream = client2.chat.completions.create(model=MODEL, messages=LONG, stream=True, max_tokens=120, temperature=0)
+    no_end = {"0": -100, "2": -100}  # SmolLM2's end tokens: the stream runs to max_tokens
+    stream = client2.chat.completions.create(model=MODEL, messages=LONG, stream=True, max_tokens=1200, temperature=0,
+                                             logit_bias=no_end, stream_options={"include_usage": True})  # fmt: skip
     it = iter(stream)
     next(it)
+    pid = workers(srv2)[0]["pid"]
     result: dict[str, object] = {}
     t = threading.Thread(target=lambda: result.update(r=client2.chat.completions.create(model=b, messages=LONG, max_tokens=2)))
     t.start()
-    chunks = list(it)
-    assert chunks[-1].choices[0].finish_reason == "length", "the busy worker's stream ran to its end"
+    chunks = []
+    for i, chunk in enumerate(it):
+        chunks.append(chunk)
+        if i % 50 == 0 and chunk.choices:
+            assert [w["pid"] for w in workers(srv2) if w["model"] == MODEL] == [pid], "the busy worker stays"
+    ended = time.time()
+    assert chunks[-2].choices[0].finish_reason == "length", "the busy worker's stream ran to its end"
+    assert chunks[-1].usage.completion_tokens == 1200
     t.join(60)
     assert result["r"].usage.completion_tokens == 2  # type: ignore[attr-defined]
     assert [w["model"] for w in workers(srv2)] == [b]
+    evictions = log_events(srv2, "evicting worker")
+    assert len(evictions) == 1 and _ts(evictions[0]) >= ended - 0.5, "evicted only once its stream had ended"
 
 
 def test_keepalive_zero_stops_after_each_request_and_per_request_override(start) -> None:  # type: ignore[no-untyped-def]
