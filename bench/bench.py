@@ -78,14 +78,14 @@ def model_path(model: str, data_dir: Path) -> str:
             p = Path(spec.submodule_search_locations[0]) / BUNDLED_FILE
             if p.exists():
                 return str(p)
-    from gateway.store import ModelStore
+    from gateway.models.store import ModelStore
 
     return ModelStore(data_dir).resolve(model).path
 
 
 def default_parallel(nctx: int) -> int:
     try:
-        from gateway.pool import default_parallel as dp
+        from gateway.supervisor.pool import default_parallel as dp
 
         return int(dp(nctx))
     except Exception:  # the server may be mid-edit; mirror its documented rule
@@ -363,8 +363,8 @@ def import_times(reps: int) -> dict[str, Any]:
     code = "import time; t=time.perf_counter(); import {m}; print(time.perf_counter()-t)"
     sets = {
         "python_bare": None,
-        "gateway": "gateway.cli, gateway.app, uvicorn, protocol.logs",
-        "worker": "workers.server, workers.engines.llama, protocol.logs",
+        "gateway": "gateway.cli, gateway.api.app, uvicorn, protocol.logs",
+        "worker": "workers.server, workers.engines.llama.engine, protocol.logs",
     }
     out: dict[str, Any] = {}
     for name, mods in sets.items():

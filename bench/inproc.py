@@ -149,7 +149,7 @@ def lowlevel_probe(
         raise RuntimeError(f"llama.cpp could not load {path}")
     t1 = time.perf_counter()
     # The worker's own helper, so this measures exactly the worker's layout.
-    from workers.engines.llama_context import slot_context
+    from workers.engines.llama_runtime import slot_context
 
     ctx = slot_context(model, nctx=n_ctx, parallel=n_seq, n_batch=512, threads=threads)
     t2 = time.perf_counter()

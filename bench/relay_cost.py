@@ -51,9 +51,9 @@ PIECES = [" the", " dragon", ",", " who", " learned", " to", " code", " in", " P
 
 
 def chunk_builder():  # type: ignore[no-untyped-def]
-    """gateway.chat_relay's own chunk function when importable; else the same construction here."""
+    """gateway.api.relay's own chunk function when importable; else the same construction here."""
     try:
-        from gateway.chat_relay import Completion, _chunk
+        from gateway.api.relay import Completion, _chunk
 
         c = Completion("HuggingFaceTB/SmolLM2-135M-Instruct:Q4_1")
         return (lambda text: _chunk(c, ChunkDelta(content=text))), "gateway.chat_relay._chunk"

@@ -14,8 +14,7 @@ from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from gateway.config import DEFAULT_HOST, Settings, default_data_dir, split_host
-
+from gateway.ops.settings import DEFAULT_HOST, Settings, default_data_dir, split_host
 
 # GENIEX_* variables that no flag reads but that the server does: the data dir's historical
 # spelling, llama.cpp's error log switch, and the QNN simulator's SoC model.
@@ -129,7 +128,7 @@ def _serve(args: argparse.Namespace) -> int:
     import structlog
     import uvicorn
 
-    from gateway.app import create_app
+    from gateway.api.app import create_app
     from protocol.logs import configure_logging
 
     if not 0 <= args.worker_nice <= 19:
@@ -227,8 +226,8 @@ def _draining_server_class():  # type: ignore[no-untyped-def]
 
 
 def main(argv: list[str] | None = None) -> int:
-    from gateway.models_cli import add_model_commands
-    from gateway.usage_cli import add_usage_command
+    from gateway.models.cli import add_model_commands
+    from gateway.ops.usage_cli import add_usage_command
 
     parser = argparse.ArgumentParser(prog="geniex", description="GenieX Server: local OpenAI-compatible inference")
     sub = parser.add_subparsers(dest="command", required=True)

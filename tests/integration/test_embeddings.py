@@ -17,7 +17,13 @@ import pytest
 from tokenizers import Tokenizer
 
 from tests.conftest import MODEL as CHAT_MODEL
-from tests.embedding_models import GGUF_MODEL, ONNX_COPY, ONNX_MODEL, data_dir_with_models, st_dir
+from tests.embedding_models import (
+    GGUF_MODEL,
+    ONNX_COPY,
+    ONNX_MODEL,
+    data_dir_with_models,
+    st_dir,
+)
 from tests.server_proc import ServerProcess
 
 WORDS = ["food", "bread", "galaxy"]

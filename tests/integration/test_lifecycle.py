@@ -358,7 +358,7 @@ def test_no_orphans_after_gateway_sigkill(start) -> None:  # type: ignore[no-unt
     client.chat.completions.create(model=MODEL, messages=LONG, max_tokens=1, extra_body={"nctx": 256})
     pids = srv.worker_pids()
     assert len(pids) == 2
-    from gateway import runtime_dir
+    from gateway.supervisor import runtime_dir
 
     left = list(runtime_dir.base_dir().glob(f"geniex-{srv.proc.pid}-*"))
     assert len(left) == 1 and any(left[0].iterdir())  # its ipc sockets

@@ -17,7 +17,7 @@ import onnxruntime as ort
 import pytest
 from tokenizers import Tokenizer
 
-from gateway.memory import is_embedding_gguf
+from gateway.supervisor.memory import is_embedding_gguf
 from protocol.wire import Embed, Embeddings, Rerank, Scores
 from tests.bert_to_gguf import convert
 from tests.embedding_models import package_dir, st_dir

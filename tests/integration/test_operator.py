@@ -18,7 +18,13 @@ import psutil
 import pytest
 
 from tests.conftest import MODEL
-from tests.integration.test_lifecycle import LONG, client_for, gguf_path, import_copy, workers
+from tests.integration.test_lifecycle import (
+    LONG,
+    client_for,
+    gguf_path,
+    import_copy,
+    workers,
+)
 from tests.server_proc import ServerProcess, free_port
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import httpx
 import openai
 
-from gateway.ledger import key_label
+from gateway.ops.ledger import key_label
 from tests.conftest import MODEL
 from tests.server_proc import ServerProcess
 from tests.unit.test_metrics import NAMES

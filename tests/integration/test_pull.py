@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from gateway.store import DEFAULT_MODEL_ID
+from gateway.models.store import DEFAULT_MODEL_ID
 from tests.hub_double import HubDouble
 
 ROOT = Path(__file__).resolve().parents[2]

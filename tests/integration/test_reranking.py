@@ -13,7 +13,14 @@ import pytest
 from tokenizers import Tokenizer
 
 from tests.conftest import MODEL as CHAT_MODEL
-from tests.embedding_models import GGUF_MODEL, ONNX_MODEL, data_dir_with_models, geniex, st_dir, synthetic_cross_encoder
+from tests.embedding_models import (
+    GGUF_MODEL,
+    ONNX_MODEL,
+    data_dir_with_models,
+    geniex,
+    st_dir,
+    synthetic_cross_encoder,
+)
 from tests.server_proc import ServerProcess
 
 QUERY = "What is machine learning?"

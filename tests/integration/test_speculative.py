@@ -16,7 +16,7 @@ import httpx
 import openai
 import pytest
 
-from gateway.store import bundled_models
+from gateway.models.store import bundled_models
 from tests.conftest import MODEL
 from tests.server_proc import ServerProcess
 

@@ -2,14 +2,18 @@ import json
 import os
 from pathlib import Path
 
+import msgspec
 import pytest
 
-from gateway.chat_constraints import constraint_of, forced_tool_schema, read_grammar, tool_mode
+from gateway.chat.constraints import (
+    constraint_of,
+    forced_tool_schema,
+    read_grammar,
+    tool_mode,
+)
 from gateway.errors import BadRequest
 from protocol.chat import ChatRequest
 from protocol.wire import Constraint
-
-import msgspec
 
 TOOLS = [
     {"type": "function", "function": {"name": "a", "parameters": {"type": "object", "properties": {"x": {"type": "integer"}}}}},

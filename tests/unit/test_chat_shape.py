@@ -1,9 +1,9 @@
 """The relay's per-choice shaping on recorded worker text: reasoning, tool calls, logprobs."""
 
-from gateway.chat_convert import Shape
-from gateway.chat_shape import ChoiceShaper
+from gateway.chat.convert import Shape
+from gateway.chat.shape import ChoiceShaper
 from protocol.wire import TokenLogprob
-from workers.engines.llama import _opens_think
+from workers.engines.llama.engine import _opens_think
 
 
 def run(shaper: ChoiceShaper, pieces: list[str]) -> list[object]:

@@ -1,6 +1,6 @@
 import pytest
 
-from workers.chat_template import ChatTemplate, TemplateError
+from workers.engines.llama.chat_template import ChatTemplate, TemplateError
 
 QWEN3_LIKE = (
     "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"

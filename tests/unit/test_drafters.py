@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from workers.drafters import NgramMapK, NgramSimple, make_drafter
+from workers.engines.llama.drafters import NgramMapK, NgramSimple, make_drafter
 
 KINDS = ["ngram-simple", "ngram-map-k"]
 

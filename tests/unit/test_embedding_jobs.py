@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from gateway.api_embeddings import normalize_scores, split_input, vectors
+from gateway.api.embeddings import normalize_scores, split_input, vectors
 from gateway.errors import BadRequest
 from protocol.wire import (
     Done,

@@ -1,4 +1,4 @@
-from gateway.eviction import Resident, plan_evictions
+from gateway.supervisor.eviction import Resident, plan_evictions
 
 GB = 1 << 30
 

@@ -7,7 +7,15 @@ import sqlite3
 import time
 from pathlib import Path
 
-from gateway.ledger import ANONYMOUS, Ledger, db_path, key_label, open_readonly, query, utc_day
+from gateway.ops.ledger import (
+    ANONYMOUS,
+    Ledger,
+    db_path,
+    key_label,
+    open_readonly,
+    query,
+    utc_day,
+)
 
 KEY = "sk-test-0123456789abcdefWXYZ"
 MODEL = "org/model:Q4_0"

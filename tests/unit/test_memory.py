@@ -4,7 +4,11 @@ from pathlib import Path
 
 import pytest
 
-from gateway.memory import WORKER_OVERHEAD, estimate_worker_bytes, read_gguf_numbers
+from gateway.supervisor.memory import (
+    WORKER_OVERHEAD,
+    estimate_worker_bytes,
+    read_gguf_numbers,
+)
 
 
 def smollm2() -> str:
@@ -47,7 +51,7 @@ def _gguf_header(path: Path, arch: str, pooling: int | None) -> str:
 
 
 def test_embedding_workers_are_estimated_with_the_kv_they_really_allocate(tmp_path: Path) -> None:
-    from gateway.memory import embedding_kv_tokens, is_embedding_gguf
+    from gateway.supervisor.memory import embedding_kv_tokens, is_embedding_gguf
     from protocol.embeddings import EMBED_BATCH_TOKENS
 
     bert = _gguf_header(tmp_path / "bert.gguf", "bert", 1)

@@ -11,13 +11,13 @@ from types import SimpleNamespace
 import pytest
 from prometheus_client import generate_latest
 
-from gateway import metrics as metrics_mod
-from gateway.chat_convert import Shape
-from gateway.chat_relay import Completion, collect, merged, outcome_of, sse
-from gateway.chat_shape import ChoiceShaper
-from gateway.disconnect import ClientGone
+from gateway.api.disconnect import ClientGone
+from gateway.api.relay import Completion, collect, merged, outcome_of, sse
+from gateway.chat.convert import Shape
+from gateway.chat.shape import ChoiceShaper
 from gateway.errors import WorkerDied
-from gateway.metrics import Metrics
+from gateway.ops import metrics as metrics_mod
+from gateway.ops.metrics import Metrics
 from protocol.wire import Delta, Done
 
 M = "org/model:Q4_0"

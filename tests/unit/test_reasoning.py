@@ -1,11 +1,11 @@
-"""gateway.reasoning on recorded-style outputs: each case whole, in every two-piece split, one character at a
+"""gateway.chat.reasoning on recorded-style outputs: each case whole, in every two-piece split, one character at a
 time and in seeded random chunks, streamed pieces joining to split_reasoning's answer."""
 
 from __future__ import annotations
 
 import pytest
 
-from gateway.reasoning import (
+from gateway.chat.reasoning import (
     SPLIT_FORMATS,
     ReasoningSplitter,
     split_reasoning,

@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from gateway import runtime_dir
+from gateway.supervisor import runtime_dir
 
 
 def dead_pid() -> int:

@@ -9,9 +9,9 @@ from typing import Any
 import msgspec
 import pytest
 
+from gateway.chat.speculation import speculation_of
 from gateway.errors import BadRequest
-from gateway.speculation import speculation_of
-from gateway.store import ModelEntry, ModelStore
+from gateway.models.store import ModelEntry, ModelStore
 from protocol.chat import ChatRequest
 from protocol.wire import Speculation
 

@@ -10,7 +10,7 @@ import msgspec
 import pytest
 
 from gateway.errors import BadRequest, ModelNotFound
-from gateway.store import (
+from gateway.models.store import (
     DEFAULT_MODEL_ID,
     ModelEntry,
     ModelStore,

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from gateway.errors import BadRequest
-from gateway.memory import estimate_worker_bytes
-from gateway.store import ModelStore
+from gateway.models.store import ModelStore
+from gateway.supervisor.memory import estimate_worker_bytes
 
 
 @pytest.fixture

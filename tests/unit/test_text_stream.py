@@ -1,4 +1,4 @@
-from workers.text_stream import TextStream
+from workers.engines.llama.text_stream import TextStream
 
 
 def run(pieces: list[bytes], stop: list[str]) -> tuple[str, bool]:

@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
-from workers.engines.thread_governor import HOLD_MIN_S, SAMPLE_S, TRIAL_STEPS, ThreadGovernor
+from workers.engines.thread_governor import (
+    HOLD_MIN_S,
+    SAMPLE_S,
+    TRIAL_STEPS,
+    ThreadGovernor,
+)
 
 
 class Machine:

@@ -1,4 +1,4 @@
-"""gateway.tool_calls on recorded-style model outputs: every case is checked whole, in every two-piece split,
+"""gateway.chat.tool_calls on recorded-style model outputs: every case is checked whole, in every two-piece split,
 one character at a time and in seeded random chunks, and must give the same content and calls each time."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from gateway.tool_calls import (
+from gateway.chat.tool_calls import (
     ArgsDelta,
     CallStart,
     ContentDelta,

@@ -1,9 +1,18 @@
 import msgspec
 import pytest
 
-from gateway.worker_state import State, can_move
+from gateway.supervisor.states import State, can_move
 from protocol.keys import WorkerKey
-from protocol.wire import Cancel, Delta, Done, Generate, Ready, Sampling, gateway_codec, worker_codec
+from protocol.wire import (
+    Cancel,
+    Delta,
+    Done,
+    Generate,
+    Ready,
+    Sampling,
+    gateway_codec,
+    worker_codec,
+)
 
 
 def test_round_trip_each_direction() -> None:

@@ -87,7 +87,7 @@ class EngineOptions(Protocol):
 ENGINES: dict[str, str] = {
     # A GGUF: text generation, or embeddings/reranking when the gateway's read of its header
     # says so (gateway/memory.py: is_embedding_gguf).
-    "llama_cpp": "workers.engines.llama:load",
+    "llama_cpp": "workers.engines.llama.engine:load",
     "llama_embed": "workers.engines.llama_embed:load",
     "onnx": "workers.engines.onnx:load",
 }

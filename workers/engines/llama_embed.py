@@ -32,7 +32,7 @@ from workers.embedding_jobs import (
     pool,
 )
 from workers.engines import EngineError, EngineOptions
-from workers.engines.llama_context import init_backend
+from workers.engines.llama_runtime import init_backend
 from workers.engines.thread_governor import ThreadGovernor
 
 log = structlog.get_logger("worker.llama_embed")

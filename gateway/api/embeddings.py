@@ -18,15 +18,15 @@ import msgspec
 import structlog
 from litestar import Request, Response, post
 
-from gateway.chat_relay import outcome_of
-from gateway.disconnect import unless_disconnected
+from gateway.api.disconnect import unless_disconnected
+from gateway.api.relay import outcome_of
+from gateway.api.request_id import current_request_id
 from gateway.errors import BadRequest
-from gateway.ledger import Ledger
-from gateway.metrics import Metrics
-from gateway.pool import WorkerPool
-from gateway.request_id import current_request_id
-from gateway.store import ModelEntry, ModelStore
-from gateway.worker_handle import WorkerHandle
+from gateway.models.store import ModelEntry, ModelStore
+from gateway.ops.ledger import Ledger
+from gateway.ops.metrics import Metrics
+from gateway.supervisor.handle import WorkerHandle
+from gateway.supervisor.pool import WorkerPool
 from protocol.embeddings import (
     Embedding,
     EmbeddingRequest,

@@ -27,7 +27,7 @@ from huggingface_hub.errors import (
 from huggingface_hub.utils import tqdm as hf_tqdm
 
 from gateway.errors import BadRequest, GenieXError, ModelNotFound
-from gateway.store import (
+from gateway.models.store import (
     ModelEntry,
     ModelStore,
     parse_name,

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import msgspec
 
-from gateway.config import default_data_dir
-from gateway.ledger import UsageRow, check_day, open_readonly, query
+from gateway.ops.ledger import UsageRow, check_day, open_readonly, query
+from gateway.ops.settings import default_data_dir
 
 
 def add_usage_command(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]

@@ -17,7 +17,7 @@ import numpy as np
 
 from protocol.wire import Generate, Sampling
 from workers.engines import EngineError
-from workers.engines.llama_grammar import grammar_sampler
+from workers.engines.llama.grammar import grammar_sampler
 
 TOKEN_DATA = np.dtype([("id", "<i4"), ("logit", "<f4"), ("p", "<f4")])  # llama_token_data, 12 bytes
 

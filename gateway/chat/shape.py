@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import uuid
 
-from gateway.chat_convert import Shape
-from gateway.reasoning import ReasoningSplitter
-from gateway.tool_calls import ArgsDelta, CallStart, ContentDelta, ToolCallStream
+from gateway.chat.convert import Shape
+from gateway.chat.reasoning import ReasoningSplitter
+from gateway.chat.tool_calls import ArgsDelta, CallStart, ContentDelta, ToolCallStream
 from protocol import chat, wire
 
 Piece = tuple[chat.ChunkDelta, chat.ChoiceLogprobs | None]

@@ -20,18 +20,23 @@ import psutil
 import structlog
 import zmq.asyncio
 
-from gateway import metrics, runtime_dir
-from gateway.compute import resolve_compute
-from gateway.config import Settings
 from gateway.errors import Overloaded
-from gateway.eviction import Resident, plan_evictions
-from gateway.memory import embedding_kv_tokens, estimate_worker_bytes, is_embedding_gguf
-from gateway.store import ModelEntry
-from gateway.worker_handle import WorkerHandle, WorkerSpec
-from gateway.worker_state import State
+from gateway.models.store import ModelEntry
+from gateway.ops import metrics
+from gateway.ops.settings import Settings
+from gateway.supervisor import runtime_dir
+from gateway.supervisor.compute import resolve_compute
+from gateway.supervisor.eviction import Resident, plan_evictions
+from gateway.supervisor.handle import WorkerHandle, WorkerSpec
+from gateway.supervisor.memory import (
+    embedding_kv_tokens,
+    estimate_worker_bytes,
+    is_embedding_gguf,
+)
+from gateway.supervisor.states import State
 from protocol.keys import WorkerKey
 
-log = structlog.get_logger("gateway.pool")
+log = structlog.get_logger("gateway.supervisor.pool")
 
 CAPACITY_WAIT_S = 60.0
 

@@ -8,7 +8,7 @@ import msgspec
 import psutil
 from litestar import Request, Response, get
 
-from gateway.pool import WorkerPool
+from gateway.supervisor.pool import WorkerPool
 
 
 class WorkerInfo(msgspec.Struct):

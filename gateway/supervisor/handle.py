@@ -21,6 +21,7 @@ import structlog
 import zmq
 import zmq.asyncio
 
+from gateway.api.request_id import current_request_id
 from gateway.errors import (
     BadRequest,
     EngineFailure,
@@ -29,8 +30,7 @@ from gateway.errors import (
     WorkerDied,
     WorkerUnavailable,
 )
-from gateway.request_id import current_request_id
-from gateway.worker_state import IllegalTransition, State, can_move
+from gateway.supervisor.states import IllegalTransition, State, can_move
 from protocol.keys import WorkerKey
 from protocol.wire import (
     PROTOCOL_VERSION,

@@ -13,7 +13,7 @@ import time
 import msgspec
 from litestar.types import ASGIApp, Receive, Scope, Send
 
-from gateway.request_id import current_request_id
+from gateway.api.request_id import current_request_id
 from protocol.errors import ErrorResponse
 
 # Probes and read-only views stay open while draining; anything that starts work is refused.

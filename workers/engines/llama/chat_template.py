@@ -7,8 +7,8 @@ from datetime import datetime
 from typing import Any
 
 import jinja2
-from markupsafe import Markup
 from jinja2.sandbox import ImmutableSandboxedEnvironment
+from markupsafe import Markup
 
 # ChatML, for models that ship no template (base models).
 FALLBACK_TEMPLATE = (

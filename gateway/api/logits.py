@@ -9,11 +9,11 @@ import msgspec
 import structlog
 from litestar import Request, Response, post
 
-from gateway.disconnect import unless_disconnected
+from gateway.api.disconnect import unless_disconnected
+from gateway.api.request_id import current_request_id
 from gateway.errors import BadRequest
-from gateway.pool import WorkerPool
-from gateway.request_id import current_request_id
-from gateway.store import ModelStore
+from gateway.models.store import ModelStore
+from gateway.supervisor.pool import WorkerPool
 from protocol.logits import LogitRow, LogitsRequest, LogitsResponse
 from protocol.wire import LogitRows, Logits
 

@@ -15,10 +15,10 @@ from typing import TYPE_CHECKING, TypeVar
 import msgspec
 import structlog
 
-from gateway.chat_shape import ChoiceShaper
-from gateway.disconnect import ClientGone
+from gateway.api.disconnect import ClientGone
+from gateway.chat.shape import ChoiceShaper
 from gateway.errors import GenieXError
-from gateway.metrics import RequestTimer
+from gateway.ops.metrics import RequestTimer
 from protocol.chat import (
     ChatCompletion,
     ChatCompletionChunk,

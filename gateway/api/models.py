@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from litestar import Request, get
 
-from gateway.store import ModelEntry, ModelStore
+from gateway.models.store import ModelEntry, ModelStore
 from protocol.models import Model, ModelList
 
 

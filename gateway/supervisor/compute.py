@@ -7,7 +7,7 @@ import importlib.util
 
 import structlog
 
-log = structlog.get_logger("gateway.compute")
+log = structlog.get_logger("gateway.supervisor.compute")
 
 UNITS = ("cpu", "gpu", "npu", "hybrid")
 

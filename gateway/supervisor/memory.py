@@ -10,7 +10,7 @@ import structlog
 
 from protocol.embeddings import EMBED_BATCH_TOKENS
 
-log = structlog.get_logger("gateway.memory")
+log = structlog.get_logger("gateway.supervisor.memory")
 
 # Compute buffers, the runtime, and the Python interpreter of the worker itself.
 WORKER_OVERHEAD = 160 * 1024 * 1024

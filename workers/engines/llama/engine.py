@@ -47,16 +47,16 @@ from protocol.wire import (
     Speculation,
     TokenLogprob,
 )
-from workers.chat_template import ChatTemplate, TemplateError
-from workers.drafters import NGRAM_DRAFTERS, make_drafter
 from workers.engines import Emit, EngineError, EngineOptions
-from workers.engines.llama_context import init_backend, slot_context
-from workers.engines.llama_draft import DraftModel, SpecState
-from workers.engines.llama_logits import LogitsJob
-from workers.engines.llama_logprobs import token_logprobs
-from workers.engines.llama_sampling import Sampler, build_sampler
+from workers.engines.llama.chat_template import ChatTemplate, TemplateError
+from workers.engines.llama.draft_model import DraftModel, SpecState
+from workers.engines.llama.drafters import NGRAM_DRAFTERS, make_drafter
+from workers.engines.llama.logits import LogitsJob
+from workers.engines.llama.logprobs import token_logprobs
+from workers.engines.llama.sampling import Sampler, build_sampler
+from workers.engines.llama.text_stream import TextStream
+from workers.engines.llama_runtime import init_backend, slot_context
 from workers.engines.thread_governor import ThreadGovernor
-from workers.text_stream import TextStream
 
 log = structlog.get_logger("worker.llama")
 

@@ -6,8 +6,8 @@ from litestar import Request, Response, get
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from gateway.errors import BadRequest
-from gateway.ledger import Ledger, UsageList, check_day
-from gateway.metrics import Metrics
+from gateway.ops.ledger import Ledger, UsageList, check_day
+from gateway.ops.metrics import Metrics
 
 
 @get("/metrics", include_in_schema=False)

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import msgspec
 
-from gateway.config import default_data_dir
 from gateway.errors import GenieXError
-from gateway.store import ModelEntry, ModelStore
+from gateway.models.store import ModelEntry, ModelStore
+from gateway.ops.settings import default_data_dir
 
 Command = Callable[[argparse.Namespace], int]
 
@@ -67,7 +67,7 @@ def _pull(args: argparse.Namespace) -> int:
     if args.local is not None:
         entry = store.import_local(args.local, args.name)
     else:
-        from gateway.pull import (
+        from gateway.models.pull import (
             pull,  # huggingface_hub is slow to import; `list`/`rm` don't need it
         )
 

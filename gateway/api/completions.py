@@ -15,13 +15,13 @@ import structlog
 from litestar import Request, Response, post
 from litestar.response import ServerSentEvent
 
-from gateway import chat_relay
-from gateway.chat_convert import sampling_of, stop_list
-from gateway.disconnect import unless_disconnected
+from gateway.api import relay
+from gateway.api.disconnect import unless_disconnected
+from gateway.api.request_id import current_request_id
+from gateway.chat.convert import sampling_of, stop_list
 from gateway.errors import BadRequest
-from gateway.pool import WorkerPool
-from gateway.request_id import current_request_id
-from gateway.store import ModelStore
+from gateway.models.store import ModelStore
+from gateway.supervisor.pool import WorkerPool
 from protocol import wire
 from protocol.completions import (
     CompletionChoice,
@@ -85,7 +85,7 @@ async def completions(request: Request, data: CompletionRequest) -> Response[byt
     }
     sampling = sampling_of(data)
     total = len(prompts) * data.n
-    acct = chat_relay.accounted(request, entry.id, data.user, total, data.n)
+    acct = relay.accounted(request, entry.id, data.user, total, data.n)
     worker = await acct.guard(pool.get(pool.key_for(entry, data.nctx, data.compute, data.ngl), entry))
     structlog.contextvars.bind_contextvars(model=entry.id, worker_pid=worker.pid)
     if data.keep_alive is not None:
@@ -95,7 +95,7 @@ async def completions(request: Request, data: CompletionRequest) -> Response[byt
         seed = sampling.seed if sampling.seed is None else sampling.seed + i % data.n
         s = msgspec.structs.replace(sampling, seed=seed)
         streams.append(worker.generate(**base, prompt=prompts[i // data.n], sampling=s))
-    merged = chat_relay.merged(streams) if total > 1 else chat_relay.tagged(streams[0])
+    merged = relay.merged(streams) if total > 1 else relay.tagged(streams[0])
     choices = [_Choice(i, prompts[i // data.n] if data.echo else "", data.logprobs is not None) for i in range(total)]
     cid = f"cmpl-{uuid.uuid4().hex[:24]}"
     if not data.stream:
@@ -106,8 +106,8 @@ async def completions(request: Request, data: CompletionRequest) -> Response[byt
     return ServerSentEvent(_sse(acct, cid, choices, first, merged, include_usage))
 
 
-async def _collect(acct: chat_relay.Completion, cid: str, choices: list[_Choice],
-                   stream: AsyncIterator[chat_relay.Tagged]) -> TextCompletion:  # fmt: skip
+async def _collect(acct: relay.Completion, cid: str, choices: list[_Choice],
+                   stream: AsyncIterator[relay.Tagged]) -> TextCompletion:  # fmt: skip
     reasons: dict[int, str] = {}
     async for i, msg in stream:
         if isinstance(msg, wire.Done):
@@ -122,12 +122,12 @@ async def _collect(acct: chat_relay.Completion, cid: str, choices: list[_Choice]
     return TextCompletion(id=cid, object=OBJECT, created=acct.created, model=acct.model, choices=out, usage=acct.usage())
 
 
-def _chunk(acct: chat_relay.Completion, cid: str, choice: CompletionChoice) -> bytes:
+def _chunk(acct: relay.Completion, cid: str, choice: CompletionChoice) -> bytes:
     return _encode(TextCompletion(id=cid, object=OBJECT, created=acct.created, model=acct.model, choices=[choice]))
 
 
-def _sse(acct: chat_relay.Completion, cid: str, choices: list[_Choice], first: chat_relay.Tagged,
-         rest: AsyncIterator[chat_relay.Tagged], include_usage: bool) -> AsyncIterator[bytes]:  # fmt: skip
+def _sse(acct: relay.Completion, cid: str, choices: list[_Choice], first: relay.Tagged,
+         rest: AsyncIterator[relay.Tagged], include_usage: bool) -> AsyncIterator[bytes]:  # fmt: skip
     def on_delta(i: int, msg: wire.Delta) -> bytes | None:
         lp = choices[i].add(msg)
         return _chunk(acct, cid, CompletionChoice(i, msg.text, None, lp)) if msg.text or lp else None
@@ -141,7 +141,7 @@ def _sse(acct: chat_relay.Completion, cid: str, choices: list[_Choice], first: c
 
     # An echoed prompt goes out at once.
     opening = [_chunk(acct, cid, CompletionChoice(c.index, c.parts[0])) for c in choices if c.parts]
-    return chat_relay.stream_events(acct, first, rest, opening, on_delta, on_done, usage if include_usage else None)
+    return relay.stream_events(acct, first, rest, opening, on_delta, on_done, usage if include_usage else None)
 
 
 handlers = [completions]

@@ -17,7 +17,7 @@ import os
 from pathlib import Path
 
 from gateway.errors import BadRequest, ModelNotFound
-from gateway.store import ModelStore, is_gguf
+from gateway.models.store import ModelStore, is_gguf
 from protocol.chat import ChatRequest
 from protocol.wire import Speculation
 

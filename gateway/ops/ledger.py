@@ -30,7 +30,7 @@ from pathlib import Path
 import msgspec
 import structlog
 
-log = structlog.get_logger("gateway.ledger")
+log = structlog.get_logger("gateway.ops.ledger")
 
 FILENAME = "usage.sqlite3"
 ANONYMOUS = "anonymous"

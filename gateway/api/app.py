@@ -17,23 +17,15 @@ from litestar.plugins import PluginProtocol
 from litestar.plugins.core import MsgspecDIPlugin
 from sdnotify import SystemdNotifier
 
-from gateway import (
-    api_chat,
-    api_completions,
-    api_embeddings,
-    api_health,
-    api_logits,
-    api_models,
-    api_ops,
-    metrics,
-)
-from gateway.config import Settings
-from gateway.drain import Drain, DrainMiddleware
+from gateway.api import chat, completions, embeddings, health, logits, models, ops
+from gateway.api.drain import Drain, DrainMiddleware
+from gateway.api.request_id import RequestIdMiddleware, current_request_id
 from gateway.errors import GenieXError
-from gateway.ledger import Ledger
-from gateway.pool import WorkerPool
-from gateway.request_id import RequestIdMiddleware, current_request_id
-from gateway.store import ModelStore
+from gateway.models.store import ModelStore
+from gateway.ops import metrics
+from gateway.ops.ledger import Ledger
+from gateway.ops.settings import Settings
+from gateway.supervisor.pool import WorkerPool
 from protocol.errors import ErrorResponse
 
 log = structlog.get_logger("gateway")
@@ -140,13 +132,13 @@ def create_app(settings: Settings) -> Litestar:
     cors = CORSConfig(allow_origins=settings.origins) if settings.origins else None
     app = _Gateway(
         route_handlers=[
-            *api_chat.handlers,
-            *api_completions.handlers,
-            *api_logits.handlers,
-            *api_embeddings.handlers,
-            *api_models.handlers,
-            *api_health.handlers,
-            *api_ops.handlers,
+            *chat.handlers,
+            *completions.handlers,
+            *logits.handlers,
+            *embeddings.handlers,
+            *models.handlers,
+            *health.handlers,
+            *ops.handlers,
         ],
         lifespan=[resources],
         middleware=[RequestIdMiddleware, DefineMiddleware(DrainMiddleware, drain=drain)],

@@ -23,9 +23,9 @@ import numpy as np
 import structlog
 
 from protocol.wire import Speculation
-from workers.drafters import Drafter
 from workers.engines import EngineError
-from workers.engines.llama_context import slot_context
+from workers.engines.llama.drafters import Drafter
+from workers.engines.llama_runtime import slot_context
 
 log = structlog.get_logger("worker.draft")
 

@@ -8,10 +8,10 @@ from typing import Any
 
 import msgspec
 
-from gateway.chat_constraints import constraint_of, tool_mode
+from gateway.chat.constraints import constraint_of, tool_mode
+from gateway.chat.speculation import speculation_of
 from gateway.errors import BadRequest
-from gateway.speculation import speculation_of
-from gateway.store import ModelStore
+from gateway.models.store import ModelStore
 from protocol.chat import ChatMessage, ChatRequest, GenerationRequest
 from protocol.wire import Sampling
 
