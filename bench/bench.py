@@ -33,6 +33,8 @@ REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
+import itertools
+
 import httpx
 import openai
 import psutil
@@ -272,7 +274,7 @@ async def stream_once(client: openai.AsyncOpenAI, model: str, max_tokens: int, m
     t_first = arrivals[0] if arrivals else None
     t_last = arrivals[-1] if arrivals else None
     span = (t_last - t_first) if arrivals else 0.0
-    gaps = [(b - a) * 1000 for a, b in zip(arrivals, arrivals[1:])]
+    gaps = [(b - a) * 1000 for a, b in itertools.pairwise(arrivals)]
     return {
         "ttft_ms": (t_first - t_send) * 1000 if t_first is not None else None,
         "headers_ms": (t_headers - t_send) * 1000,

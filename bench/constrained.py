@@ -23,9 +23,9 @@ REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-import openai  # noqa: E402
+import openai
 
-from bench.launcher import Server  # noqa: E402
+from bench.launcher import Server
 
 MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct:Q4_1"
 ASK = [{"role": "user", "content": "Describe three software engineers as JSON: name, age and languages of each."}]

@@ -21,10 +21,10 @@ REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-import openai  # noqa: E402
+import openai
 
-from bench.launcher import Server  # noqa: E402
-from tests.embedding_models import GGUF_MODEL, ONNX_MODEL, data_dir_with_models  # noqa: E402
+from bench.launcher import Server
+from tests.embedding_models import GGUF_MODEL, ONNX_MODEL, data_dir_with_models
 
 SENTENCES = [f"Sentence number {i} is about {topic}." for i, topic in
              enumerate(["bread", "galaxies", "machine learning", "the weather"] * 8)]  # fmt: skip

@@ -136,7 +136,7 @@ def lowlevel_probe(
 ) -> dict[str, Any]:
     """Load + context + prompt eval + single-token steps with raw llama.cpp calls.
 
-    The context is the worker's (workers/engines/llama_context.py): `n_ctx` per
+    The context is the worker's (workers/engines/llama_runtime.py): `n_ctx` per
     sequence, `n_seq` sequences, non-unified KV, batch 512, flash attention left at
     llama.cpp's default (auto), greedy native sampler.
     """

@@ -19,9 +19,9 @@ REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-import httpx  # noqa: E402
+import httpx
 
-from bench.launcher import Server  # noqa: E402
+from bench.launcher import Server
 
 MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct:Q4_1"
 

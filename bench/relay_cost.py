@@ -7,7 +7,7 @@ The path of one token from the worker to the HTTP body, piece by piece:
   worker:  Delta(req_id, text, n_tokens) -> msgpack (protocol.wire worker codec) -> PUSH
   ipc:     ZeroMQ PUSH -> PULL over an ipc:// socket (two ZeroMQ I/O-thread hops)
   gateway: PULL -> typed msgpack decode (gateway codec) -> the request's asyncio.Queue
-           -> build + JSON-encode one ChatCompletionChunk (gateway/chat_relay.py's `_chunk`)
+           -> build + JSON-encode one ChatCompletionChunk (gateway/api/relay.py's `_chunk`)
 
 Measured four ways:
   parts       each CPU step alone, in a tight loop (ns per call, median of batches)
@@ -54,9 +54,12 @@ def chunk_builder():  # type: ignore[no-untyped-def]
     """gateway.api.relay's own chunk function when importable; else the same construction here."""
     try:
         from gateway.api.relay import Completion, _chunk
+        from gateway.ops.accounting import Accounting
+        from gateway.ops.metrics import Metrics
 
-        c = Completion("HuggingFaceTB/SmolLM2-135M-Instruct:Q4_1")
-        return (lambda text: _chunk(c, ChunkDelta(content=text))), "gateway.chat_relay._chunk"
+        model = "HuggingFaceTB/SmolLM2-135M-Instruct:Q4_1"
+        c = Completion(model, Accounting(Metrics(process=False).timer(model)))
+        return (lambda text: _chunk(c, 0, ChunkDelta(content=text))), "gateway.api.relay._chunk"
     except Exception:  # the relay is being edited by others; measure the documented shape
         import msgspec
 
@@ -67,7 +70,7 @@ def chunk_builder():  # type: ignore[no-untyped-def]
             return enc(ChatCompletionChunk(id=cid, object="chat.completion.chunk", created=created, model=model,
                                            choices=[ChunkChoice(index=0, delta=ChunkDelta(content=text))]))  # fmt: skip
 
-        return build, "local copy of chat_relay._chunk"
+        return build, "local copy of gateway.api.relay._chunk"
 
 
 def per_call_ns(fn, n: int, batches: int = 7) -> float:  # type: ignore[no-untyped-def]
@@ -95,7 +98,7 @@ def parts(n: int, build) -> dict[str, float]:  # type: ignore[no-untyped-def]
 
 def sockets(ctx: zmq.Context, tmp: str) -> tuple[zmq.Socket, zmq.Socket]:
     addr = f"ipc://{tmp}/relay.out"
-    pull = ctx.socket(zmq.PULL)  # the gateway binds, as worker_handle.py does
+    pull = ctx.socket(zmq.PULL)  # the gateway binds, as gateway/supervisor/handle.py does
     pull.setsockopt(zmq.LINGER, 0)
     pull.bind(addr)
     push = ctx.socket(zmq.PUSH)
@@ -186,7 +189,7 @@ def asyncio_paced(n: int, pace_us: float, build, tmp: str) -> dict[str, float]: 
         gdec = gateway_codec().decode
         total = n + 200
 
-        async def reader() -> None:  # worker_handle._read_replies, reduced to the Delta branch
+        async def reader() -> None:  # WorkerHandle._route_replies, reduced to the Delta branch
             for _ in range(total):
                 frame = await pull.recv(copy=False)
                 msg = gdec(frame.buffer)
@@ -196,7 +199,7 @@ def asyncio_paced(n: int, pace_us: float, build, tmp: str) -> dict[str, float]: 
         proc = mp.get_context("spawn").Process(target=_paced_sender, args=(addr, total, pace_us), daemon=True)
         rtask = asyncio.create_task(reader())
         proc.start()
-        for i in range(total):  # chat_relay.sse: await the next Delta, build its chunk
+        for i in range(total):  # relay.sse: await the next Delta, build its chunk
             msg = await queue.get()
             build(msg.text)
             if i >= 200:

@@ -34,11 +34,11 @@ REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-import openai  # noqa: E402
+import openai
 
-from bench.bench import Guard, busy_processes  # noqa: E402
-from bench.launcher import Server  # noqa: E402
-from bench.stats import med  # noqa: E402
+from bench.bench import Guard, busy_processes
+from bench.launcher import Server
+from bench.stats import med
 
 MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct:Q4_1"
 
@@ -80,7 +80,7 @@ PROMPTS: dict[str, list[dict[str, str]]] = {
         {"role": "system", "content": "You are a coding assistant."},
         {"role": "user", "content": f"Here is a Python function:\n\n```python\n{CODE}\n```\n\n"
                                     "Repeat it exactly, renaming variable x to y."},
-    ],  # fmt: skip
+    ],
     "repeat-list": [
         {"role": "system", "content": "You copy text exactly."},
         {"role": "user", "content": "Copy this text: " + ", ".join(["apple", "banana", "cherry"] * 12)},

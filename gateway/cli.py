@@ -30,7 +30,7 @@ def _csv(value: str) -> list[str]:
     return [v.strip() for v in value.split(",") if v.strip()]
 
 
-def _add_serve(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:  # type: ignore[type-arg]
+def _add_serve(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> argparse.ArgumentParser:
     p = sub.add_parser("serve", help="run the OpenAI-compatible server")
     a = p.add_argument
     a("--host", default=DEFAULT_HOST, help="HOST:PORT to bind (default 127.0.0.1:18181)")
@@ -129,6 +129,7 @@ def _serve(args: argparse.Namespace) -> int:
     import uvicorn
 
     from gateway.api.app import create_app
+    from gateway.api.lifecycle import Lifecycle
     from protocol.logs import configure_logging
 
     if not 0 <= args.worker_nice <= 19:
@@ -164,7 +165,8 @@ def _serve(args: argparse.Namespace) -> int:
     log = structlog.get_logger("gateway")
     for warning in args.env_warnings:
         log.warning(warning)
-    app = create_app(settings)
+    lifecycle = Lifecycle()
+    app = create_app(settings, lifecycle)
     config = uvicorn.Config(
         app,
         host=host,
@@ -176,7 +178,7 @@ def _serve(args: argparse.Namespace) -> int:
         timeout_graceful_shutdown=2,
         server_header=False,
     )
-    _draining_server_class()(config, app, settings.drain_timeout).run(sockets=[sock])
+    _draining_server_class()(config, lifecycle, settings.drain_timeout).run(sockets=[sock])
     return 0
 
 
@@ -191,9 +193,9 @@ def _draining_server_class():  # type: ignore[no-untyped-def]
         load balancer sees the drain. Then uvicorn stops accepting and the app's lifespan stops
         the workers. A second signal stops at once."""
 
-        def __init__(self, config: uvicorn.Config, app: Any, drain_timeout: float) -> None:
+        def __init__(self, config: uvicorn.Config, lifecycle: Any, drain_timeout: float) -> None:
             super().__init__(config)
-            self._drain = app.state.drain
+            self._drain = lifecycle
             self._drain_timeout = drain_timeout
             self._draining: asyncio.Task[None] | None = None
 

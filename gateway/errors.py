@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from protocol.wire import ErrorKind
+
 
 class GenieXError(Exception):
     """An error with an HTTP status, rendered as `{"error": message}`."""
@@ -19,6 +21,12 @@ class GenieXError(Exception):
 
 class BadRequest(GenieXError):
     status = 400
+
+
+class Unsupported(BadRequest):
+    """The model does not do this kind of request (an embedding model asked to chat)."""
+
+    code = "unsupported_task"
 
 
 class ModelNotFound(GenieXError):
@@ -44,3 +52,22 @@ class WorkerDied(GenieXError):
 
 class EngineFailure(GenieXError):
     status = 500
+
+
+class ClientGone(GenieXError):
+    """The client disconnected before its answer was ready; nobody reads the status, the log does."""
+
+    status = 499  # nginx's "client closed request"
+
+
+_FOR_KIND: dict[ErrorKind, type[GenieXError]] = {
+    ErrorKind.BAD_REQUEST: BadRequest,
+    ErrorKind.UNSUPPORTED: Unsupported,
+    ErrorKind.OVERLOADED: WorkerUnavailable,
+    ErrorKind.ENGINE: EngineFailure,
+}
+
+
+def error_for(kind: ErrorKind, message: str, code: str | None = None) -> GenieXError:
+    """The gateway's error for a worker's refusal: the one place a kind becomes an HTTP status."""
+    return _FOR_KIND[kind](message, code=code)

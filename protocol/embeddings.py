@@ -13,10 +13,6 @@ from typing import Annotated, Literal
 import msgspec
 from msgspec import Meta
 
-# Tokens per decode in the GGUF embedding worker, and so the size of a decoder embedder's KV
-# cache; the gateway's memory estimate reads it too (an encoder such as BERT keeps no KV).
-EMBED_BATCH_TOKENS = 2048
-
 from protocol.chat import Compute
 
 

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import logging
 import sys
+from collections.abc import MutableMapping
+from typing import Any
 
 import structlog
 
@@ -36,7 +38,7 @@ def configure_logging(level: str | None = None, **bound: object) -> None:
 
 
 def _bind(values: dict[str, object]) -> structlog.typing.Processor:
-    def processor(_logger: object, _name: str, event: dict) -> dict:  # type: ignore[type-arg]
+    def processor(_logger: Any, _name: str, event: MutableMapping[str, Any]) -> MutableMapping[str, Any]:
         for k, v in values.items():
             event.setdefault(k, v)
         return event

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import msgspec
 
 
@@ -10,7 +12,7 @@ class Model(msgspec.Struct, omit_defaults=True):
     created: int
     owned_by: str
     object: str = "model"
-    permission: list[dict[str, object]] = []
+    permission: list[dict[str, Any]] = []
     engine: str | None = None
     size: int | None = None
 

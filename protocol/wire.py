@@ -1,7 +1,7 @@
 """Messages between the gateway and a worker: two tagged unions, msgpack-encoded.
 
-Gateway -> worker: Generate, Logits, Embed, Rerank, Warmup, Cancel, Ping, Shutdown, SetThreads.
-Worker -> gateway: Ready, Delta, Done, Failed, LogitRows, Embeddings, Scores, Pong, Dying.
+Gateway -> worker: Generate, Logits, Embed, Rerank, Warmup, Cancel, Shutdown, SetThreads.
+Worker -> gateway: Ready, Started, Delta, Done, Failed, LogitRows, Embeddings, Scores, Dying.
 
 Hot-path structs are `array_like` (no field names on the wire) and `gc=False`.
 No pickle crosses the boundary: decoders are typed, so anything else is refused.
@@ -9,11 +9,26 @@ No pickle crosses the boundary: decoders are typed, so anything else is refused.
 
 from __future__ import annotations
 
+import enum
 from typing import Any, Literal
 
 import msgspec
 
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2
+
+# The speculation types a worker implements; the gateway refuses every other before sending.
+SpecType = Literal["ngram-simple", "ngram-map-k", "draft-simple"]
+NGRAM_SPEC_TYPES: tuple[SpecType, ...] = ("ngram-simple", "ngram-map-k")
+DRAFT_MODEL_SPEC_TYPES: tuple[SpecType, ...] = ("draft-simple",)
+
+
+class ErrorKind(enum.IntEnum):
+    """Why a worker refused or failed a request; the gateway maps each to an HTTP status."""
+
+    BAD_REQUEST = 1  # the input can never be served (too long, bad grammar, bad token id)
+    UNSUPPORTED = 2  # this model does not do this kind of request
+    OVERLOADED = 3  # try again later
+    ENGINE = 4  # the engine failed
 
 
 class Sampling(msgspec.Struct, array_like=True, omit_defaults=True, frozen=True):
@@ -38,7 +53,7 @@ class Speculation(msgspec.Struct, array_like=True, omit_defaults=True, frozen=Tr
     of the draft GGUF for draft-* types (already checked to lie in an allowed folder).
     """
 
-    type: str
+    type: SpecType
     n_max: int = 3
     n_min: int = 0
     p_min: float = 0.0
@@ -75,9 +90,6 @@ class Generate(msgspec.Struct, tag="generate", array_like=True, omit_defaults=Tr
     special: bool = False  # render control tokens (<|channel|>, [TOOL_CALLS]) so the gateway can parse them
     tools: list[dict[str, Any]] | None = None  # OpenAI tool definitions, for the chat template
     suffix: str | None = None  # with `prompt`: fill in the middle, between prompt and suffix
-    # The gateway splits reasoning off: if the template itself opened a `<think>` block
-    # (thinking forced on), the worker starts the output with that tag so the split sees it.
-    reasoning: bool = False
 
 
 class Logits(msgspec.Struct, tag="logits", array_like=True):
@@ -98,10 +110,6 @@ class Warmup(msgspec.Struct, tag="warmup", array_like=True):
 
 class Cancel(msgspec.Struct, tag="cancel", array_like=True):
     req_id: int
-
-
-class Ping(msgspec.Struct, tag="ping", array_like=True):
-    nonce: int = 0
 
 
 class Shutdown(msgspec.Struct, tag="shutdown", array_like=True):
@@ -141,7 +149,7 @@ class Rerank(msgspec.Struct, tag="rerank", array_like=True, omit_defaults=True):
     batch_size: int = 4
 
 
-ToWorker = Generate | Logits | Embed | Rerank | Warmup | Cancel | Ping | Shutdown | SetThreads
+ToWorker = Generate | Logits | Embed | Rerank | Warmup | Cancel | Shutdown | SetThreads
 
 
 class Ready(msgspec.Struct, tag="ready", array_like=True, omit_defaults=True):
@@ -164,6 +172,20 @@ class Ready(msgspec.Struct, tag="ready", array_like=True, omit_defaults=True):
     # say); `n_embd`: the width of its embeddings (0: not an embedding model).
     provider: str = ""
     n_embd: int = 0
+    # The tool-call syntax the model's chat template teaches ("hermes", "llama3", "mistral"; ""
+    # when it names none): the gateway's parser looks for that syntax, plus plain JSON.
+    tool_format: str = ""
+
+
+class Started(msgspec.Struct, tag="started", array_like=True, omit_defaults=True):
+    """A Generate was given a slot: its prompt length, the part reused from cache, and whether
+    the prompt itself opened a reasoning block (a template that forces thinking on), so the
+    gateway reads the output as reasoning from its first token."""
+
+    req_id: int
+    prompt_tokens: int
+    cached_tokens: int = 0
+    reasoning_open: bool = False
 
 
 class TokenLogprob(msgspec.Struct, array_like=True, gc=False):
@@ -202,10 +224,11 @@ class Done(msgspec.Struct, tag="done", array_like=True, gc=False, omit_defaults=
 
 
 class Failed(msgspec.Struct, tag="failed", array_like=True, omit_defaults=True):
-    """A request the worker could not serve; `status` is the HTTP status it deserves."""
+    """A request the worker could not serve, and why; `code` is a machine-readable detail
+    (e.g. "context_length_exceeded") passed on to the client."""
 
     req_id: int
-    status: int
+    kind: ErrorKind
     message: str
     code: str | None = None
 
@@ -221,13 +244,6 @@ class LogitRows(msgspec.Struct, tag="logit_rows", array_like=True):
     top_n: int
     logits: bytes
     token_ids: bytes = b""
-
-
-class Pong(msgspec.Struct, tag="pong", array_like=True):
-    nonce: int
-    active: int
-    waiting: int
-    tokens_generated: int
 
 
 class Dying(msgspec.Struct, tag="dying", array_like=True):
@@ -256,7 +272,7 @@ class Scores(msgspec.Struct, tag="scores", array_like=True):
     mode: str
 
 
-FromWorker = Ready | Delta | LogprobDelta | Done | Failed | LogitRows | Embeddings | Scores | Pong | Dying
+FromWorker = Ready | Started | Delta | LogprobDelta | Done | Failed | LogitRows | Embeddings | Scores | Dying
 
 
 class Codec:

@@ -89,7 +89,7 @@ def _make_handler(hub: HubDouble) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"  # keep-alive, as httpx expects; every answer has a Content-Length
 
-        def log_message(self, format: str, *args: object) -> None:  # noqa: A002 - stdlib signature
+        def log_message(self, format: str, *args: object) -> None:
             pass
 
         def do_HEAD(self) -> None:
@@ -117,7 +117,7 @@ def _make_handler(hub: HubDouble) -> type[BaseHTTPRequestHandler]:
                 return self._error(404, "RepoNotFound", "Repository not found")
             files = hub.repos[repo_id]
             sha = hub.commit(repo_id)
-            if rest[:1] == ["revision"] and len(rest) == 2 or rest[:1] == ["tree"] and len(rest) >= 2:
+            if (rest[:1] == ["revision"] and len(rest) == 2) or (rest[:1] == ["tree"] and len(rest) >= 2):
                 if rest[1] not in ("main", sha):
                     return self._error(404, "RevisionNotFound", "Invalid rev id")
             elif rest:

@@ -50,6 +50,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--threads", type=int, default=0)
     p.add_argument("--stream-interval-ms", type=int, default=0)
     p.add_argument("--nice", type=int, default=0)
+    p.add_argument("--batch-tokens", type=int, default=0)
     p.add_argument("--inbox", required=True)
     p.add_argument("--outbox", required=True)
     p.add_argument("--parent-pid", type=int, required=True)

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import structlog
 
-from protocol.wire import Done, Embed, Embeddings, Failed, Rerank, Scores
+from protocol.wire import Done, Embed, Embeddings, ErrorKind, Failed, Rerank, Scores
 from workers.engines import Emit, EngineError
 
 log = structlog.get_logger("worker.embed")
@@ -156,12 +156,12 @@ class EmbeddingQueue:
             rows = self.forward([job.seqs[i] for i in take], job.pairs)
         except EngineError as exc:
             self.jobs.popleft()
-            emit(Failed(job.req.req_id, exc.status, exc.message, exc.code))
+            emit(exc.failed(job.req.req_id))
             return
         except Exception as exc:  # one bad batch fails its request, not the worker
             self.jobs.popleft()
             log.exception("forward pass failed", request_id=job.req.log_id)
-            emit(Failed(job.req.req_id, 500, f"the model failed on this input: {type(exc).__name__}: {exc}"))
+            emit(Failed(job.req.req_id, ErrorKind.ENGINE, f"the model failed on this input: {type(exc).__name__}: {exc}"))
             return
         if job.out is None:
             job.out = np.empty((len(job.seqs), rows.shape[1]), dtype=np.float32)
@@ -205,5 +205,3 @@ class QueuedEngine:
     def step(self, emit: Emit) -> None:
         self.queue.step(emit)
 
-    def stats(self) -> tuple[int, int, int]:
-        return min(1, len(self.queue.jobs)), max(0, len(self.queue.jobs) - 1), 0

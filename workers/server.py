@@ -21,19 +21,18 @@ from protocol.wire import (
     Done,
     Dying,
     Embed,
+    ErrorKind,
     Failed,
     FromWorker,
     Generate,
     Logits,
-    Ping,
-    Pong,
     Rerank,
     SetThreads,
     Shutdown,
     Warmup,
     worker_codec,
 )
-from workers.engines import TASKS, Engine, EngineError, serves
+from workers.engines import TASKS, Engine, EngineError
 
 log = structlog.get_logger("worker")
 
@@ -82,21 +81,17 @@ class WorkerServer:
     def _handle(self, msg: object) -> None:
         match msg:
             case Generate() | Logits() | Embed() | Rerank():
-                if not serves(self.engine, msg):
-                    self.send(Failed(msg.req_id, 400, f"this model does not support {TASKS[type(msg)]}",
-                                     "unsupported_task"))  # fmt: skip
+                if type(msg) not in self.engine.serves:
+                    self.send(Failed(msg.req_id, ErrorKind.UNSUPPORTED, f"this model does not support {TASKS[type(msg)]}"))
                     return
                 try:
                     self.engine.submit(msg)
                 except EngineError as exc:
-                    self.send(Failed(msg.req_id, exc.status, exc.message, exc.code))
+                    self.send(exc.failed(msg.req_id))
             case Cancel():
                 self.engine.cancel(msg.req_id, self.send)
             case Warmup():
                 self.send(Done(msg.req_id, "stop"))
-            case Ping():
-                running, waiting, generated = self.engine.stats()
-                self.send(Pong(msg.nonce, running, waiting, generated))
             case SetThreads():
                 self.engine.set_threads(msg.n)
             case Shutdown():
@@ -135,7 +130,7 @@ def run(engine_factory, inbox: str, outbox: str, parent_pid: int) -> int:  # typ
                 sock.connect(outbox)
                 sock.send(worker_codec().encode(Dying(message)))
                 sock.close()
-        except Exception:  # noqa: BLE001
+        except Exception:  # noqa: BLE001, S110 - dying anyway; the message still reaches stderr below
             pass
         print(message, file=sys.stderr)
         return 1

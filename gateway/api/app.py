@@ -11,6 +11,7 @@ import structlog
 import zmq.asyncio
 from litestar import Litestar, Request, Response
 from litestar.config.cors import CORSConfig
+from litestar.di import Provide
 from litestar.exceptions import HTTPException, ValidationException
 from litestar.middleware import DefineMiddleware
 from litestar.plugins import PluginProtocol
@@ -18,12 +19,13 @@ from litestar.plugins.core import MsgspecDIPlugin
 from sdnotify import SystemdNotifier
 
 from gateway.api import chat, completions, embeddings, health, logits, models, ops
-from gateway.api.drain import Drain, DrainMiddleware
+from gateway.api.lifecycle import DrainMiddleware, Lifecycle
 from gateway.api.request_id import RequestIdMiddleware, current_request_id
+from gateway.api.services import Services, provide_services
 from gateway.errors import GenieXError
 from gateway.models.store import ModelStore
-from gateway.ops import metrics
 from gateway.ops.ledger import Ledger
+from gateway.ops.metrics import Metrics
 from gateway.ops.settings import Settings
 from gateway.supervisor.pool import WorkerPool
 from protocol.errors import ErrorResponse
@@ -86,51 +88,51 @@ class _Gateway(Litestar):
         return plugins
 
 
-def create_app(settings: Settings) -> Litestar:
-    drain = Drain()
+def create_app(settings: Settings, lifecycle: Lifecycle | None = None) -> Litestar:
+    """The app. `lifecycle` is the server's view of readiness and draining (its signal handler
+    starts the drain); one is made when none is given."""
+    lifecycle = lifecycle or Lifecycle()
 
     @asynccontextmanager
     async def resources(app: Litestar) -> AsyncIterator[None]:
         zctx = zmq.asyncio.Context()
-        pool = WorkerPool(settings, zctx)
-        app.state.settings = settings
-        app.state.store = ModelStore(settings.data_dir)
-        app.state.pool = pool
-        app.state.ledger = ledger = Ledger(settings.data_dir)
-        app.state.metrics = metrics.METRICS
-        metrics.METRICS.watch(pool)
-        pool.start_reaper()
+        metrics = Metrics()
+        pool = WorkerPool(settings, zctx, metrics)
+        store = ModelStore(settings.data_dir)
+        ledger = Ledger(settings.data_dir)
+        app.state.services = Services(settings, store, pool, ledger, metrics, lifecycle)
+        metrics.watch(pool)
+        pool.start()
         notifier = SystemdNotifier()  # a no-op outside systemd
 
         async def preload() -> None:
             for name in settings.preload:
                 try:
-                    entry = app.state.store.resolve(name)
+                    entry = store.resolve(name)
                     await pool.get(pool.key_for(entry, None, None, None), entry)
                 except Exception as exc:  # noqa: BLE001 - a bad preload must not stop the server
                     log.error("preload failed", model=name, error=str(exc))
-            app.state.ready = True
+            lifecycle.ready = True
             notifier.notify("READY=1")
 
-        app.state.ready = False
         preloading = asyncio.create_task(preload(), name="preload")
         log.info("geniex serving", url=f"http://{settings.host}:{settings.port}/v1", data_dir=str(settings.data_dir),
-                 models=[e.id for e in app.state.store.list()])  # fmt: skip
+                 models=[e.id for e in store.entries()])  # fmt: skip
         try:
             yield
         finally:
             preloading.cancel()
-            app.state.ready = False
+            lifecycle.ready = False
             notifier.notify("STOPPING=1")
             try:
                 await pool.close(settings.drain_timeout)
             finally:
-                metrics.METRICS.watch(None)
+                metrics.watch(None)
                 ledger.close()  # after the pool, so requests it cut short are counted too
             zctx.term()
 
     cors = CORSConfig(allow_origins=settings.origins) if settings.origins else None
-    app = _Gateway(
+    return _Gateway(
         route_handlers=[
             *chat.handlers,
             *completions.handlers,
@@ -140,8 +142,12 @@ def create_app(settings: Settings) -> Litestar:
             *health.handlers,
             *ops.handlers,
         ],
+        dependencies={
+            "services": Provide(provide_services, sync_to_thread=False),
+            "lifecycle": Provide(lambda: lifecycle, sync_to_thread=False),
+        },
         lifespan=[resources],
-        middleware=[RequestIdMiddleware, DefineMiddleware(DrainMiddleware, drain=drain)],
+        middleware=[RequestIdMiddleware, DefineMiddleware(DrainMiddleware, lifecycle=lifecycle)],
         cors_config=cors,
         exception_handlers={
             GenieXError: _on_genie_error,
@@ -153,5 +159,3 @@ def create_app(settings: Settings) -> Litestar:
         logging_config=None,
         debug=False,
     )
-    app.state.drain = drain  # read by the server's signal handler before the lifespan runs
-    return app

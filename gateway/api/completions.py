@@ -6,22 +6,19 @@ Accounting, cancellation and the SSE error/[DONE] ending are the chat relay's.
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import AsyncIterator
-from typing import Any
 
 import msgspec
-import structlog
 from litestar import Request, Response, post
 from litestar.response import ServerSentEvent
 
 from gateway.api import relay
 from gateway.api.disconnect import unless_disconnected
+from gateway.api.encoding import encode
 from gateway.api.request_id import current_request_id
-from gateway.chat.convert import sampling_of, stop_list
+from gateway.api.services import Services
+from gateway.chat.convert import sampling_of, seeded, stop_list
 from gateway.errors import BadRequest
-from gateway.models.store import ModelStore
-from gateway.supervisor.pool import WorkerPool
 from protocol import wire
 from protocol.completions import (
     CompletionChoice,
@@ -29,8 +26,8 @@ from protocol.completions import (
     CompletionRequest,
     TextCompletion,
 )
+from protocol.wire import Generate
 
-_encode = msgspec.json.Encoder().encode
 OBJECT = "text_completion"
 
 
@@ -69,78 +66,71 @@ def _prompts(data: CompletionRequest) -> list[str]:
 
 
 @post("/v1/completions", status_code=200)
-async def completions(request: Request, data: CompletionRequest) -> Response[bytes] | ServerSentEvent:
-    store: ModelStore = request.app.state.store
-    pool: WorkerPool = request.app.state.pool
-    entry = store.resolve(data.model)
+async def completions(request: Request, data: CompletionRequest, services: Services) -> Response[bytes] | ServerSentEvent:
+    entry = services.store.resolve(data.model)
     if entry.engine != "llama_cpp":
         raise BadRequest(f"`model`: {entry.id} is served by {entry.engine}; text completion needs a llama.cpp model")
     prompts = _prompts(data)
-    base: dict[str, Any] = {
-        "log_id": current_request_id() or "",
-        "max_tokens": data.max_tokens,
-        "stop": stop_list(data.stop),
-        "suffix": data.suffix,
-        "logprobs": data.logprobs if data.logprobs is not None else -1,
-    }
-    sampling = sampling_of(data)
+    base = Generate(
+        req_id=0,
+        log_id=current_request_id() or "",
+        max_tokens=data.max_tokens,
+        stop=stop_list(data.stop),
+        sampling=sampling_of(data),
+        suffix=data.suffix,
+        logprobs=data.logprobs if data.logprobs is not None else -1,
+    )
     total = len(prompts) * data.n
-    acct = relay.accounted(request, entry.id, data.user, total, data.n)
-    worker = await acct.guard(pool.get(pool.key_for(entry, data.nctx, data.compute, data.ngl), entry))
-    structlog.contextvars.bind_contextvars(model=entry.id, worker_pid=worker.pid)
-    if data.keep_alive is not None:
-        worker.keepalive = data.keep_alive
-    streams = []
-    for i in range(total):
-        seed = sampling.seed if sampling.seed is None else sampling.seed + i % data.n
-        s = msgspec.structs.replace(sampling, seed=seed)
-        streams.append(worker.generate(**base, prompt=prompts[i // data.n], sampling=s))
-    merged = relay.merged(streams) if total > 1 else relay.tagged(streams[0])
+    accounting = services.accounting(entry.id, request.headers.get("authorization"), data.user)
+    acct = relay.Completion(entry.id, accounting, total, data.n, id_prefix="cmpl")
+    worker = await acct.guard(services.worker(entry, nctx=data.nctx, compute=data.compute, ngl=data.ngl,
+                                              keep_alive=data.keep_alive))  # fmt: skip
+    # Choice i is prompt i // n, sample i % n of it.
+    generations = [seeded(msgspec.structs.replace(base, prompt=prompts[i // data.n]), i % data.n) for i in range(total)]
+    merged = relay.fan_out(worker, generations)
     choices = [_Choice(i, prompts[i // data.n] if data.echo else "", data.logprobs is not None) for i in range(total)]
-    cid = f"cmpl-{uuid.uuid4().hex[:24]}"
     if not data.stream:
-        body = await acct.guard(unless_disconnected(request, _collect(acct, cid, choices, merged)))
-        return Response(_encode(body), media_type="application/json")
+        body = await acct.guard(unless_disconnected(request, _collect(acct, choices, merged)))
+        return Response(encode(body), media_type="application/json")
     first = await acct.guard(anext(merged))
     include_usage = bool(data.stream_options and data.stream_options.include_usage)
-    return ServerSentEvent(_sse(acct, cid, choices, first, merged, include_usage))
+    return ServerSentEvent(_sse(acct, choices, first, merged, include_usage))
 
 
-async def _collect(acct: relay.Completion, cid: str, choices: list[_Choice],
-                   stream: AsyncIterator[relay.Tagged]) -> TextCompletion:  # fmt: skip
+async def _collect(acct: relay.Completion, choices: list[_Choice], stream: AsyncIterator[relay.Tagged]) -> TextCompletion:
     reasons: dict[int, str] = {}
-    async for i, msg in stream:
-        if isinstance(msg, wire.Done):
-            reasons[i] = msg.finish_reason
-            if acct.settle_done(i, msg):
-                break
-            continue
-        acct.first_token()
-        acct.tokens[i] = msg.n_tokens
+
+    def on_done(i: int, msg: wire.Done) -> None:
+        reasons[i] = msg.finish_reason
+
+    def on_delta(i: int, msg: wire.Delta) -> None:
         choices[i].add(msg)
+
+    await relay.collect_events(acct, stream, on_delta, on_done)
     out = [CompletionChoice(c.index, "".join(c.parts), reasons.get(c.index), c.lp) for c in choices]
-    return TextCompletion(id=cid, object=OBJECT, created=acct.created, model=acct.model, choices=out, usage=acct.usage())
+    return TextCompletion(id=acct.id, object=OBJECT, created=acct.created, model=acct.model, choices=out,
+                          usage=acct.usage())  # fmt: skip
 
 
-def _chunk(acct: relay.Completion, cid: str, choice: CompletionChoice) -> bytes:
-    return _encode(TextCompletion(id=cid, object=OBJECT, created=acct.created, model=acct.model, choices=[choice]))
+def _chunk(acct: relay.Completion, choice: CompletionChoice) -> bytes:
+    return encode(TextCompletion(id=acct.id, object=OBJECT, created=acct.created, model=acct.model, choices=[choice]))
 
 
-def _sse(acct: relay.Completion, cid: str, choices: list[_Choice], first: relay.Tagged,
+def _sse(acct: relay.Completion, choices: list[_Choice], first: relay.Tagged,
          rest: AsyncIterator[relay.Tagged], include_usage: bool) -> AsyncIterator[bytes]:  # fmt: skip
     def on_delta(i: int, msg: wire.Delta) -> bytes | None:
         lp = choices[i].add(msg)
-        return _chunk(acct, cid, CompletionChoice(i, msg.text, None, lp)) if msg.text or lp else None
+        return _chunk(acct, CompletionChoice(i, msg.text, None, lp)) if msg.text or lp else None
 
     def on_done(i: int, msg: wire.Done) -> tuple[bytes | None, bytes]:
-        return None, _chunk(acct, cid, CompletionChoice(i, "", msg.finish_reason))
+        return None, _chunk(acct, CompletionChoice(i, "", msg.finish_reason))
 
     def usage() -> bytes:
-        return _encode(TextCompletion(id=cid, object=OBJECT, created=acct.created, model=acct.model, choices=[],
+        return encode(TextCompletion(id=acct.id, object=OBJECT, created=acct.created, model=acct.model, choices=[],
                                       usage=acct.usage()))  # fmt: skip
 
     # An echoed prompt goes out at once.
-    opening = [_chunk(acct, cid, CompletionChoice(c.index, c.parts[0])) for c in choices if c.parts]
+    opening = [_chunk(acct, CompletionChoice(c.index, c.parts[0])) for c in choices if c.parts]
     return relay.stream_events(acct, first, rest, opening, on_delta, on_done, usage if include_usage else None)
 
 

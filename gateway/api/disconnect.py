@@ -14,15 +14,11 @@ from typing import TypeVar
 import structlog
 from litestar import Request
 
-from gateway.errors import GenieXError
+from gateway.errors import ClientGone
 
 log = structlog.get_logger("gateway.http")
 
 T = TypeVar("T")
-
-
-class ClientGone(GenieXError):
-    status = 499  # nginx's "client closed request": nobody reads it, but the log line says it
 
 
 async def _until_disconnect(request: Request) -> None:

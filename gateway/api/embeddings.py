@@ -9,24 +9,16 @@ from __future__ import annotations
 import base64
 import math
 import sys
-import time
 from array import array
-from collections.abc import Awaitable
-from typing import TypeVar
 
-import msgspec
-import structlog
 from litestar import Request, Response, post
 
 from gateway.api.disconnect import unless_disconnected
-from gateway.api.relay import outcome_of
 from gateway.api.request_id import current_request_id
-from gateway.errors import BadRequest
-from gateway.models.store import ModelEntry, ModelStore
-from gateway.ops.ledger import Ledger
-from gateway.ops.metrics import Metrics
-from gateway.supervisor.handle import WorkerHandle
-from gateway.supervisor.pool import WorkerPool
+from gateway.api.services import Services
+from gateway.errors import BadRequest, Unsupported
+from gateway.models.store import ModelEntry
+from gateway.supervisor.handle import Answer, WorkerHandle
 from protocol.embeddings import (
     Embedding,
     EmbeddingRequest,
@@ -37,11 +29,8 @@ from protocol.embeddings import (
 )
 from protocol.wire import Embed, Embeddings, Rerank, Scores
 
-log = structlog.get_logger("gateway.embeddings")
-
 MAX_INPUTS = 2048  # items per request, as OpenAI allows
 RERANK_MODE_HEADER = "GenieX-Rerank-Mode"
-T = TypeVar("T")
 
 
 def split_input(value: str | list[str | int | list[int]]) -> tuple[list[str] | None, list[list[int]] | None]:
@@ -94,62 +83,26 @@ def vectors(reply: Embeddings, encoding: str) -> list[Embedding]:
     return [Embedding(values[i * reply.dim : (i + 1) * reply.dim].tolist(), i) for i in range(reply.n)]
 
 
-class _Accounting:
-    """Metrics and the usage ledger for one request: prompt tokens only, counted once."""
-
-    def __init__(self, request: Request, model: str, user: str | None) -> None:
-        metrics: Metrics = request.app.state.metrics
-        ledger: Ledger = request.app.state.ledger
-        self.timer = metrics.timer(model, time.perf_counter())
-        self.record = ledger.recorder(model, request.headers.get("authorization"), user)
-
-    async def guard(self, work: Awaitable[T]) -> T:
-        try:
-            return await work
-        except BaseException as exc:
-            self.timer.finish(0, 0, outcome_of(exc))
-            raise
-
-    def ok(self, prompt_tokens: int) -> None:
-        structlog.contextvars.bind_contextvars(outcome="ok", prompt_tokens=prompt_tokens)
-        self.timer.finish(prompt_tokens, 0, "ok")
-        try:
-            self.record(prompt_tokens, 0)
-        except Exception as exc:  # noqa: BLE001 - accounting must never break an answer already produced
-            log.error("usage not recorded", error=repr(exc))
-
-
-async def _worker(request: Request, entry: ModelEntry, compute: str | None) -> WorkerHandle:
-    pool: WorkerPool = request.app.state.pool
-    worker = await pool.get(pool.key_for(entry, None, compute, None), entry)
-    structlog.contextvars.bind_contextvars(model=entry.id, worker_pid=worker.pid)
-    return worker
-
-
-async def _ask(request: Request, worker: WorkerHandle, entry: ModelEntry, message: Embed | Rerank) -> object:
+async def _ask(request: Request, worker: WorkerHandle, entry: ModelEntry, message: Embed | Rerank) -> Answer:
     """Send one request to the worker and await its one reply; name the model in a refusal."""
     try:
-        call = worker.call(lambda req_id: msgspec.structs.replace(message, req_id=req_id))
-        return await unless_disconnected(request, call)
-    except BadRequest as exc:
-        if exc.code == "unsupported_task":
-            raise BadRequest(f"`model`: {entry.id} ({entry.engine}): {exc.message}", code=exc.code) from None
-        raise
+        return await unless_disconnected(request, worker.call(message))
+    except Unsupported as exc:
+        raise Unsupported(f"`model`: {entry.id} ({entry.engine}): {exc.message}") from None
 
 
 @post("/v1/embeddings", status_code=200)
-async def embeddings(request: Request, data: EmbeddingRequest) -> EmbeddingResponse:
-    store: ModelStore = request.app.state.store
-    entry = store.resolve(data.model)
+async def embeddings(request: Request, data: EmbeddingRequest, services: Services) -> EmbeddingResponse:
+    entry = services.store.resolve(data.model)
     texts, token_ids = split_input(data.input)
     if data.dimensions is not None and data.dimensions < 1:
         raise BadRequest(f"`dimensions` must be at least 1, got {data.dimensions}")
-    accounting = _Accounting(request, entry.id, data.user)
-    worker = await accounting.guard(_worker(request, entry, data.compute))
+    accounting = services.accounting(entry.id, request.headers.get("authorization"), data.user)
+    worker = await accounting.guard(services.worker(entry, compute=data.compute))
     message = Embed(0, current_request_id() or "", texts=texts, token_ids=token_ids, dimensions=data.dimensions or 0)
     reply = await accounting.guard(_ask(request, worker, entry, message))
     assert isinstance(reply, Embeddings)
-    accounting.ok(reply.prompt_tokens)
+    accounting.settle("ok", reply.prompt_tokens, 0)
     return EmbeddingResponse(
         data=vectors(reply, data.encoding_format),
         model=entry.id,
@@ -158,21 +111,20 @@ async def embeddings(request: Request, data: EmbeddingRequest) -> EmbeddingRespo
 
 
 @post("/v1/reranking", status_code=200)
-async def reranking(request: Request, data: RerankingRequest) -> Response[RerankingResponse]:
-    store: ModelStore = request.app.state.store
-    entry = store.resolve(data.model)
+async def reranking(request: Request, data: RerankingRequest, services: Services) -> Response[RerankingResponse]:
+    entry = services.store.resolve(data.model)
     if data.query is None or not data.query.strip():
         raise BadRequest("`query` is required: the text to rank the documents against")
     if not data.documents:
         raise BadRequest("`documents` must be a non-empty list of strings")
     if len(data.documents) > MAX_INPUTS:
         raise BadRequest(f"`documents` has {len(data.documents)} items; at most {MAX_INPUTS} per request")
-    accounting = _Accounting(request, entry.id, data.user)
-    worker = await accounting.guard(_worker(request, entry, data.compute))
+    accounting = services.accounting(entry.id, request.headers.get("authorization"), data.user)
+    worker = await accounting.guard(services.worker(entry, compute=data.compute))
     message = Rerank(0, current_request_id() or "", data.query, data.documents, data.batch_size)
     reply = await accounting.guard(_ask(request, worker, entry, message))
     assert isinstance(reply, Scores)
-    accounting.ok(reply.prompt_tokens)
+    accounting.settle("ok", reply.prompt_tokens, 0)
     scores = normalize_scores(reply.scores, data.normalize_method) if data.normalize else reply.scores
     return Response(RerankingResponse(result=scores), headers={RERANK_MODE_HEADER: reply.mode})
 

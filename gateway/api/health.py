@@ -5,10 +5,10 @@ from __future__ import annotations
 import time
 
 import msgspec
-import psutil
-from litestar import Request, Response, get
+from litestar import Response, get
 
-from gateway.supervisor.pool import WorkerPool
+from gateway.api.lifecycle import Lifecycle
+from gateway.api.services import Services
 
 
 class WorkerInfo(msgspec.Struct):
@@ -41,11 +41,10 @@ async def health() -> dict[str, str]:
 
 
 @get("/ready")
-async def ready(request: Request) -> Response[dict[str, str]]:
-    state = request.app.state
-    if state.drain.draining:
+async def ready(lifecycle: Lifecycle) -> Response[dict[str, str]]:
+    if lifecycle.draining:
         return Response({"error": "draining: shutting down"}, status_code=503, headers={"Retry-After": "5"})
-    if getattr(state, "ready", False):
+    if lifecycle.ready:
         return Response({"status": "ready"})
     return Response({"error": "starting: preloading models"}, status_code=503, headers={"Retry-After": "1"})
 
@@ -55,16 +54,9 @@ async def v1_root() -> dict[str, str]:
     return {"status": "ok", "server": "geniex"}
 
 
-def _rss(pid: int | None) -> int | None:
-    try:
-        return psutil.Process(pid).memory_info().rss if pid else None
-    except psutil.Error:
-        return None
-
-
 @get("/v1/workers")
-async def workers(request: Request) -> WorkerTable:
-    pool: WorkerPool = request.app.state.pool
+async def workers(services: Services) -> WorkerTable:
+    pool = services.pool
     now = time.monotonic()
     rows = []
     for h in pool.workers.values():
@@ -76,7 +68,7 @@ async def workers(request: Request) -> WorkerTable:
                 nctx=h.key.nctx,
                 state=h.status,
                 pid=h.pid,
-                rss_bytes=_rss(h.pid),
+                rss_bytes=h.rss(),
                 queue_depth=max(0, h.inflight - parallel),
                 inflight=h.inflight,
                 parallel=parallel,

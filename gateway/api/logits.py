@@ -4,23 +4,21 @@ from __future__ import annotations
 
 import sys
 from array import array
+from typing import Any
 
-import msgspec
 import structlog
 from litestar import Request, Response, post
 
 from gateway.api.disconnect import unless_disconnected
+from gateway.api.encoding import encode
 from gateway.api.request_id import current_request_id
+from gateway.api.services import Services
 from gateway.errors import BadRequest
-from gateway.models.store import ModelStore
-from gateway.supervisor.pool import WorkerPool
 from protocol.logits import LogitRow, LogitsRequest, LogitsResponse
 from protocol.wire import LogitRows, Logits
 
-_encode = msgspec.json.Encoder().encode
 
-
-def _floats(raw: bytes, typecode: str) -> array:  # type: ignore[type-arg]
+def _floats(raw: bytes, typecode: str) -> array[Any]:
     values = array(typecode, raw)
     if sys.byteorder != "little":  # the wire carries little-endian arrays
         values.byteswap()
@@ -39,23 +37,22 @@ def rows_of(r: LogitRows) -> list[LogitRow]:
 
 
 @post("/v1/logits", status_code=200)
-async def logits(request: Request, data: LogitsRequest) -> Response[bytes]:
-    store: ModelStore = request.app.state.store
-    pool: WorkerPool = request.app.state.pool
-    entry = store.resolve(data.model)
+async def logits(request: Request, data: LogitsRequest, services: Services) -> Response[bytes]:
+    entry = services.store.resolve(data.model)
     if entry.engine != "llama_cpp":
         raise BadRequest(f"`model`: {entry.id} is served by {entry.engine}; logits need a llama.cpp model")
     if not data.input_ids:
         raise BadRequest("`input_ids`: at least one token id is required")
-    worker = await pool.get(pool.key_for(entry, data.nctx, data.compute, data.ngl), entry)
-    structlog.contextvars.bind_contextvars(model=entry.id, worker_pid=worker.pid, input_tokens=len(data.input_ids))
-    log_id = current_request_id() or ""
-    call = worker.call(lambda req_id: Logits(req_id, log_id, data.input_ids, data.last_only, data.top_n))
-    reply = await unless_disconnected(request, call)
+    accounting = services.accounting(entry.id, request.headers.get("authorization"), None)
+    worker = await accounting.guard(services.worker(entry, nctx=data.nctx, compute=data.compute, ngl=data.ngl))
+    structlog.contextvars.bind_contextvars(input_tokens=len(data.input_ids))
+    message = Logits(0, current_request_id() or "", data.input_ids, data.last_only, data.top_n)
+    reply = await accounting.guard(unless_disconnected(request, worker.call(message)))
     assert isinstance(reply, LogitRows)
+    accounting.settle("ok", len(data.input_ids), 0)
     body = LogitsResponse(model=entry.id, n_rows=reply.n_rows, vocab_size=reply.vocab_size, top_n=reply.top_n,
                           rows=rows_of(reply))  # fmt: skip
-    return Response(_encode(body), media_type="application/json")
+    return Response(encode(body), media_type="application/json")
 
 
 handlers = [logits]

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from litestar import Request, get
+from litestar import get
 
-from gateway.models.store import ModelEntry, ModelStore
+from gateway.api.services import Services
+from gateway.models.store import ModelEntry
 from protocol.models import Model, ModelList
 
 
@@ -13,15 +14,13 @@ def _model(e: ModelEntry) -> Model:
 
 
 @get("/v1/models")
-async def list_models(request: Request) -> ModelList:
-    store: ModelStore = request.app.state.store
-    return ModelList(data=[_model(e) for e in store.list()])
+async def list_models(services: Services) -> ModelList:
+    return ModelList(data=[_model(e) for e in services.store.entries()])
 
 
 @get("/v1/models/{model_id:path}")
-async def get_model(request: Request, model_id: str) -> Model:
-    store: ModelStore = request.app.state.store
-    return _model(store.resolve(model_id.lstrip("/")))
+async def get_model(services: Services, model_id: str) -> Model:
+    return _model(services.store.resolve(model_id.lstrip("/")))
 
 
 handlers = [list_models, get_model]

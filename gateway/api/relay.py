@@ -10,15 +10,15 @@ import asyncio
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from typing import TYPE_CHECKING, TypeVar
+from typing import TypeVar
 
-import msgspec
 import structlog
 
-from gateway.api.disconnect import ClientGone
+from gateway.api.encoding import encode
 from gateway.chat.shape import ChoiceShaper
 from gateway.errors import GenieXError
-from gateway.ops.metrics import RequestTimer
+from gateway.ops.accounting import Accounting, outcome_of
+from gateway.supervisor.handle import Streamed, WorkerHandle
 from protocol.chat import (
     ChatCompletion,
     ChatCompletionChunk,
@@ -30,75 +30,37 @@ from protocol.chat import (
     PromptTokensDetails,
     Usage,
 )
-from protocol.wire import Delta, Done
-
-if TYPE_CHECKING:
-    from litestar import Request
+from protocol.wire import Delta, Done, Generate, Started
 
 log = structlog.get_logger("gateway.relay")
 
-_encode = msgspec.json.Encoder().encode
 CHUNK = "chat.completion.chunk"
 T = TypeVar("T")
 
 
-def outcome_of(exc: BaseException) -> str:
-    """How a request that raised is counted: the client left, or it failed."""
-    return "cancelled" if isinstance(exc, (asyncio.CancelledError, GeneratorExit, ClientGone)) else "error"
-
-
-def accounted(request: Request, model: str, user: str | None, n: int = 1, per_prompt: int = 0) -> Completion:
-    """A Completion that reports to the metrics and the usage ledger when it settles.
-
-    Made once the model is resolved, so the `model` label is always a known id.
-    """
-    state = request.app.state
-    record = state.ledger.recorder(model, request.headers.get("authorization"), user)
-    return Completion(model, state.metrics.timer(model, time.perf_counter()), record, n, per_prompt)
-
-
 class Completion:
-    """Identity shared by a response and all of its chunks, and the request's accounting."""
+    """Identity shared by a response and all of its chunks (id, created, model), each choice's
+    progress, and the request's accounting, settled with the usage it adds up to."""
 
-    def __init__(self, model: str, timer: RequestTimer | None = None,
-                 on_usage: Callable[[int, int], None] | None = None, n: int = 1,
-                 per_prompt: int = 0) -> None:  # fmt: skip
-        self.id = f"chatcmpl-{uuid.uuid4().hex[:24]}"
+    def __init__(self, model: str, accounting: Accounting, n: int = 1, per_prompt: int = 0,
+                 id_prefix: str = "chatcmpl") -> None:  # fmt: skip
+        self.id = f"{id_prefix}-{uuid.uuid4().hex[:24]}"
         self.created = int(time.time())
         self.model = model
         self.n = n
         self.per_prompt = per_prompt or n  # choices i // per_prompt share one prompt, counted once
         self.dones: dict[int, Done] = {}
         self.tokens = [0] * n  # completion tokens so far, per choice
-        self.timer = timer
-        self.on_usage = on_usage  # (prompt_tokens, completion_tokens) -> None: the usage ledger
+        self.accounting = accounting
         self.speculative = False  # report draft tokens accepted/rejected in the usage
-        self._first = False
-        self._settled = False
 
     def first_token(self) -> None:
-        if not self._first:
-            self._first = True
-            if self.timer is not None:
-                self.timer.first_token()
+        self.accounting.first_token()
 
     def settle(self, outcome: str) -> None:
         """Count the request once, in the metrics and the ledger, whichever exit the relay takes."""
-        if self._settled:
-            return
-        self._settled = True
         u = self.usage()
-        # Read by the request's summary log line (same task, same context).
-        structlog.contextvars.bind_contextvars(outcome=outcome, prompt_tokens=u.prompt_tokens,
-                                               completion_tokens=u.completion_tokens)  # fmt: skip
-        if self.timer is not None:
-            self.timer.finish(u.prompt_tokens, u.completion_tokens, outcome)
-        # The ledger bills what was answered: a finished request, or the tokens a cut-short one got.
-        if self.on_usage is not None and (outcome == "ok" or u.completion_tokens > 0):
-            try:
-                self.on_usage(u.prompt_tokens, u.completion_tokens)
-            except Exception as exc:  # noqa: BLE001 - accounting must never break an answer already produced
-                log.error("usage not recorded", error=repr(exc))
+        self.accounting.settle(outcome, u.prompt_tokens, u.completion_tokens)
 
     def settle_done(self, index: int, done: Done) -> bool:
         """Record one choice's Done; True (and the request settled) once every choice is done."""
@@ -111,11 +73,11 @@ class Completion:
 
     async def guard(self, work: Awaitable[T]) -> T:
         """Await `work`; if it raises, count the request as failed or cancelled, then re-raise."""
-        try:
-            return await work
-        except BaseException as exc:
-            self.settle(outcome_of(exc))
-            raise
+        return await self.accounting.guard(work, self._so_far)
+
+    def _so_far(self) -> tuple[int, int]:
+        u = self.usage()
+        return u.prompt_tokens, u.completion_tokens
 
     def usage(self) -> Usage:
         """Each prompt once (the n choices of a prompt read the same one), the completions of all choices."""
@@ -137,23 +99,29 @@ class Completion:
                      prompt_tokens_details=details, completion_tokens_details=spec)  # fmt: skip
 
 
-Tagged = tuple[int, Delta | Done]
+Tagged = tuple[int, Streamed]
 
 
-async def tagged(stream: AsyncIterator[Delta | Done]) -> AsyncIterator[Tagged]:
+def fan_out(worker: WorkerHandle, generations: Sequence[Generate]) -> AsyncIterator[Tagged]:
+    """Run each Generate as a generation on `worker`; their messages tagged with their index."""
+    streams = [worker.generate(g) for g in generations]
+    return tagged(streams[0]) if len(streams) == 1 else merged(streams)
+
+
+async def tagged(stream: AsyncIterator[Streamed]) -> AsyncIterator[Tagged]:
     """One generation's messages as choice 0."""
     async for msg in stream:
         yield 0, msg
 
 
-async def merged(streams: Sequence[AsyncIterator[Delta | Done]]) -> AsyncIterator[Tagged]:
+async def merged(streams: Sequence[AsyncIterator[Streamed]]) -> AsyncIterator[Tagged]:
     """The messages of n generations, tagged with their choice index, in arrival order.
 
     Closing this closes every generation (each one cancels its request if unfinished).
     """
-    queue: asyncio.Queue[tuple[int, Delta | Done | BaseException]] = asyncio.Queue()
+    queue: asyncio.Queue[tuple[int, Streamed | BaseException]] = asyncio.Queue()
 
-    async def pump(i: int, stream: AsyncIterator[Delta | Done]) -> None:
+    async def pump(i: int, stream: AsyncIterator[Streamed]) -> None:
         try:
             async for msg in stream:
                 queue.put_nowait((i, msg))
@@ -179,22 +147,46 @@ async def merged(streams: Sequence[AsyncIterator[Delta | Done]]) -> AsyncIterato
         await asyncio.gather(*tasks, return_exceptions=True)
 
 
-async def collect(c: Completion, shapers: list[ChoiceShaper], stream: AsyncIterator[Tagged]) -> ChatCompletion:
-    reasons: dict[int, str] = {}
+OnStarted = Callable[[int, Started], None]
+
+
+def _ignore(_i: int, _msg: Started) -> None:
+    pass
+
+
+async def collect_events(c: Completion, stream: AsyncIterator[Tagged], on_delta: Callable[[int, Delta], None],
+                         on_done: Callable[[int, Done], None], on_started: OnStarted = _ignore) -> None:  # fmt: skip
+    """The whole answer of any completion, chat or text: each choice's Started to `on_started`,
+    each Delta to `on_delta`, each Done to `on_done`, and the request settled once every choice is done."""
     async for i, msg in stream:
-        shaper = shapers[i]
+        if isinstance(msg, Started):
+            on_started(i, msg)
+            continue
         if isinstance(msg, Done):
-            shaper.finish()
-            reasons[i] = shaper.finish_reason(msg.finish_reason)
+            on_done(i, msg)
             if c.settle_done(i, msg):
-                break
+                return
             continue
         c.first_token()
         c.tokens[i] = msg.n_tokens
+        on_delta(i, msg)
+
+
+async def collect(c: Completion, shapers: list[ChoiceShaper], stream: AsyncIterator[Tagged]) -> ChatCompletion:
+    reasons: dict[int, str] = {}
+
+    def on_delta(i: int, msg: Delta) -> None:
+        shaper = shapers[i]
         if shaper.plain:  # as in sse(): plain text needs no parsing, just keeping
             shaper.content.append(msg.text)
         else:
             shaper.feed(msg.text, msg.logprobs)
+
+    def on_done(i: int, msg: Done) -> None:
+        shapers[i].finish()
+        reasons[i] = shapers[i].finish_reason(msg.finish_reason)
+
+    await collect_events(c, stream, on_delta, on_done, lambda i, msg: shapers[i].start(msg.reasoning_open))
     choices = [
         Choice(index=s.index, message=s.message(), finish_reason=reasons.get(s.index), logprobs=s.choice_logprobs())
         for s in shapers
@@ -205,7 +197,7 @@ async def collect(c: Completion, shapers: list[ChoiceShaper], stream: AsyncItera
 def _chunk(c: Completion, index: int, delta: ChunkDelta, finish: str | None = None,
            logprobs: ChoiceLogprobs | None = None) -> bytes:  # fmt: skip
     choice = ChunkChoice(index=index, delta=delta, finish_reason=finish, logprobs=logprobs)
-    return _encode(ChatCompletionChunk(id=c.id, object=CHUNK, created=c.created, model=c.model, choices=[choice]))
+    return encode(ChatCompletionChunk(id=c.id, object=CHUNK, created=c.created, model=c.model, choices=[choice]))
 
 
 def sse(c: Completion, shapers: list[ChoiceShaper], first: Tagged, rest: AsyncIterator[Tagged],
@@ -225,17 +217,18 @@ def sse(c: Completion, shapers: list[ChoiceShaper], first: Tagged, rest: AsyncIt
         return last, _chunk(c, i, ChunkDelta(), shaper.finish_reason(msg.finish_reason))
 
     def usage() -> bytes:
-        return _encode(ChatCompletionChunk(id=c.id, object=CHUNK, created=c.created, model=c.model, choices=[], usage=c.usage()))
+        return encode(ChatCompletionChunk(id=c.id, object=CHUNK, created=c.created, model=c.model, choices=[], usage=c.usage()))
 
     plain = all(s.plain for s in shapers)
     opening = [_chunk(c, s.index, ChunkDelta(role="assistant", content="")) for s in shapers]
-    return stream_events(c, first, rest, opening, on_delta, on_done, usage if include_usage else None)
+    return stream_events(c, first, rest, opening, on_delta, on_done, usage if include_usage else None,
+                         lambda i, msg: shapers[i].start(msg.reasoning_open))
 
 
 async def stream_events(c: Completion, first: Tagged, rest: AsyncIterator[Tagged], opening: list[bytes],
                         on_delta: Callable[[int, Delta], bytes | None],
                         on_done: Callable[[int, Done], tuple[bytes | None, bytes]],
-                        usage: Callable[[], bytes] | None) -> AsyncIterator[bytes]:  # fmt: skip
+                        usage: Callable[[], bytes] | None, on_started: OnStarted = _ignore) -> AsyncIterator[bytes]:  # fmt: skip
     """SSE `data:` payloads of any streamed completion, chat or text: `opening`, then a payload per
     Delta (`on_delta`; None sends nothing), and per choice's Done the payloads `on_done` gives: the
     first before the request is counted (None: nothing), the second after, so the count is settled
@@ -247,7 +240,9 @@ async def stream_events(c: Completion, first: Tagged, rest: AsyncIterator[Tagged
             yield payload
         while True:
             i, msg = item
-            if isinstance(msg, Done):
+            if isinstance(msg, Started):
+                on_started(i, msg)
+            elif isinstance(msg, Done):
                 before, after = on_done(i, msg)
                 if before is not None:
                     yield before
@@ -258,13 +253,13 @@ async def stream_events(c: Completion, first: Tagged, rest: AsyncIterator[Tagged
             else:
                 c.first_token()
                 c.tokens[i] = msg.n_tokens
-                if (payload := on_delta(i, msg)) is not None:
-                    yield payload
+                if (chunk := on_delta(i, msg)) is not None:
+                    yield chunk
             item = await anext(rest)
     except GenieXError as exc:
         c.settle("error")
         log.warning("stream failed", error=exc.message, status=exc.status)
-        yield _encode({"error": exc.message})
+        yield encode({"error": exc.message})
     except BaseException as exc:  # the client went away (GeneratorExit, CancelledError), or a bug
         c.settle(outcome_of(exc))
         raise

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import time
 import uuid
+from typing import cast
 
 import structlog
-from litestar.types import ASGIApp, Message, Receive, Scope, Send
+from litestar.types import ASGIApp, HTTPScope, Message, Receive, Scope, Send
 
 log = structlog.get_logger("gateway.http")
 
@@ -46,6 +47,6 @@ class RequestIdMiddleware:
             if path not in ("/health", "/ready", "/metrics"):
                 bound = structlog.contextvars.get_contextvars()
                 outcome = bound.get("outcome") or ("ok" if 0 < status < 400 else "error")
-                log.info("request", method=scope["method"], path=path, status=status, outcome=outcome,
+                log.info("request", method=cast("HTTPScope", scope)["method"], path=path, status=status, outcome=outcome,
                          ms=round((time.perf_counter() - t0) * 1000, 1))  # fmt: skip
             structlog.contextvars.clear_contextvars()

@@ -1,4 +1,5 @@
-"""The one conversion from an OpenAI-shaped chat request to the worker's Generate fields."""
+"""The one conversion from an OpenAI-shaped chat request to a typed plan: the worker's Generate
+and how its answer is shaped."""
 
 from __future__ import annotations
 
@@ -9,13 +10,13 @@ from typing import Any
 import msgspec
 
 from gateway.chat.constraints import constraint_of, tool_mode
+from gateway.chat.reasoning import splits_reasoning
 from gateway.chat.speculation import speculation_of
 from gateway.errors import BadRequest
 from gateway.models.store import ModelStore
 from protocol.chat import ChatMessage, ChatRequest, GenerationRequest
-from protocol.wire import Sampling
+from protocol.wire import Generate, Sampling
 
-SPLIT_REASONING = ("deepseek", "deepseek-legacy", "auto")
 
 def _message_dict(i: int, m: ChatMessage) -> dict[str, Any]:
     content = m.content
@@ -99,12 +100,39 @@ def shape_of(req: ChatRequest) -> Shape:
     tools, _ = tool_mode(req)
     names = frozenset(t.function.name for t in req.tools or []) if tools != "none" else None
     # The spec: reasoning_format is ignored for tool-call requests.
-    reasoning = req.reasoning_format in SPLIT_REASONING and names is None
+    reasoning = splits_reasoning(req.reasoning_format) and names is None
     return Shape(tools=names, reasoning=reasoning, logprobs=bool(req.logprobs))
 
 
-def generate_fields(req: ChatRequest, log_id: str, store: ModelStore, grammar_dirs: list[Path]) -> dict[str, Any]:
-    """Keyword arguments for `Generate`, less the request id the worker handle assigns.
+class ChatPlan(msgspec.Struct, frozen=True):
+    """A chat request, checked and converted once: the worker's Generate (its `req_id` is 0; the
+    worker handle numbers each generation), how to shape the answer, and how many choices."""
+
+    generate: Generate
+    shape: Shape
+    n: int = 1
+
+    def generations(self) -> list[Generate]:
+        """One Generate per choice: seeds seed, seed+1, ... so that seeded choices differ but stay
+        reproducible; only the first keeps its cache for the next turn."""
+        g = self.generate
+        out = [g]
+        for i in range(1, self.n):
+            out.append(msgspec.structs.replace(seeded(g, i), keep_cache=False))
+        return out
+
+
+def seeded(g: Generate, i: int) -> Generate:
+    """`g` as the i-th of several samples of one prompt: its seed plus i (no seed: unchanged)."""
+    seed = g.sampling.seed
+    if i == 0 or seed is None:
+        return g
+    return msgspec.structs.replace(g, sampling=msgspec.structs.replace(g.sampling, seed=seed + i))
+
+
+def plan_chat(req: ChatRequest, log_id: str, store: ModelStore, grammar_dirs: list[Path],
+              keep_cache: bool = False) -> ChatPlan:  # fmt: skip
+    """Check and convert a chat request, before any model is loaded for it.
 
     `store` resolves a speculative request's draft model (`spec_draft_model`);
     `grammar_dirs` are the folders `grammar_path` may read from.
@@ -117,18 +145,20 @@ def generate_fields(req: ChatRequest, log_id: str, store: ModelStore, grammar_di
     if req.enable_think is not None:
         # Qwen3-style templates read `enable_thinking`; GenieX clients send `enable_think`.
         template_vars = {"enable_think": req.enable_think, "enable_thinking": req.enable_think}
-    return {
-        "log_id": log_id,
-        "messages": [_message_dict(i, m) for i, m in enumerate(req.messages)],
-        "template_vars": template_vars,
-        "max_tokens": req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens,
-        "stop": stop_list(req.stop),
-        "sampling": sampling_of(req),
-        "speculation": speculation_of(req, store),
-        "constraint": constraint_of(req, grammar_dirs, tools, forced),
-        "logit_bias": _logit_bias(req.logit_bias),
-        "logprobs": (req.top_logprobs or 0) if req.logprobs else -1,
-        "special": shape.tools is not None or shape.reasoning,
-        "reasoning": shape.reasoning,
-        "tools": [msgspec.to_builtins(t) for t in req.tools] if req.tools and tools != "none" else None,
-    }
+    generate = Generate(
+        req_id=0,
+        log_id=log_id,
+        messages=[_message_dict(i, m) for i, m in enumerate(req.messages)],
+        template_vars=template_vars,
+        max_tokens=req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens,
+        stop=stop_list(req.stop),
+        sampling=sampling_of(req),
+        keep_cache=keep_cache,
+        speculation=speculation_of(req, store),
+        constraint=constraint_of(req, grammar_dirs, tools, forced),
+        logit_bias=_logit_bias(req.logit_bias),
+        logprobs=(req.top_logprobs or 0) if req.logprobs else -1,
+        special=shape.tools is not None or shape.reasoning,
+        tools=[msgspec.to_builtins(t) for t in req.tools] if req.tools and tools != "none" else None,
+    )
+    return ChatPlan(generate, shape, req.n)

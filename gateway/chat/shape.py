@@ -37,15 +37,21 @@ def convert_logprobs(items: list[wire.TokenLogprob]) -> list[chat.TokenLogprob]:
 
 
 class ChoiceShaper:
-    def __init__(self, index: int, shape: Shape) -> None:
+    def __init__(self, index: int, shape: Shape, tool_format: str = "") -> None:
+        """`tool_format`: the tool-call syntax the model's template teaches (the worker's Ready)."""
         self.index = index
         self.plain = shape.plain
         self.splitter = ReasoningSplitter() if shape.reasoning else None
-        self.parser = ToolCallStream(shape.tools) if shape.tools is not None else None
+        self.parser = ToolCallStream(shape.tools, tool_format) if shape.tools is not None else None
         self.content: list[str] = []
         self.reasoning: list[str] = []
         self.call_ids: list[str] = []
         self.logprobs: list[chat.TokenLogprob] | None = [] if shape.logprobs else None
+
+    def start(self, reasoning_open: bool) -> None:
+        """Before any text: the prompt itself opened a reasoning block (the worker's Started)."""
+        if reasoning_open and self.splitter is not None:
+            self.splitter = ReasoningSplitter(starts_in_reasoning=True)
 
     def feed(self, text: str, logprobs: list[wire.TokenLogprob] | None = None) -> Piece | None:
         """The delta for this piece of text, and its tokens' logprobs (None when it releases nothing yet)."""

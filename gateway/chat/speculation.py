@@ -15,15 +15,15 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import get_args
 
 from gateway.errors import BadRequest, ModelNotFound
 from gateway.models.store import ModelStore, is_gguf
 from protocol.chat import ChatRequest
-from protocol.wire import Speculation
+from protocol.wire import DRAFT_MODEL_SPEC_TYPES, SpecType, Speculation
 
 DEFAULT_N_MAX = 3
-IMPLEMENTED = ("ngram-simple", "ngram-map-k", "draft-simple")
-DRAFT_MODEL_TYPES = ("draft-simple",)
+IMPLEMENTED: tuple[SpecType, ...] = get_args(SpecType)  # what the worker implements: the wire's own list
 # The spec's other values, each refused with the reason rather than silently ignored.
 REFUSED = {
     "draft-mtp": "needs a model with multi-token-prediction (MTP) heads; the GGUF models this server "
@@ -45,16 +45,17 @@ def speculation_of(req: ChatRequest, store: ModelStore) -> Speculation | None:
     if kind not in IMPLEMENTED:
         known = ", ".join([*IMPLEMENTED, *REFUSED])
         raise BadRequest(f"`spec_type`: unknown value {kind!r}; expected one of {known} (or empty for none)")
+    spec_type: SpecType = kind
     n_max = req.spec_n_max if req.spec_n_max is not None else DEFAULT_N_MAX
     n_min = req.spec_n_min or 0
     if n_min > n_max:
         raise BadRequest(f"`spec_n_min` ({n_min}) must not exceed `spec_n_max` ({n_max})")
     draft_path = ""
-    if kind in DRAFT_MODEL_TYPES:
+    if spec_type in DRAFT_MODEL_SPEC_TYPES:
         if not req.spec_draft_model:
             raise BadRequest(f"`spec_draft_model`: required with spec_type {kind!r} (a pulled model name or a GGUF path)")
         draft_path = draft_model_path(req.spec_draft_model, store)
-    return Speculation(type=kind, n_max=n_max, n_min=n_min, p_min=req.spec_p_min or 0.0, draft_path=draft_path)
+    return Speculation(type=spec_type, n_max=n_max, n_min=n_min, p_min=req.spec_p_min or 0.0, draft_path=draft_path)
 
 
 def draft_model_path(name: str, store: ModelStore) -> str:

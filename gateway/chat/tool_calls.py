@@ -74,20 +74,31 @@ _PYTHON_TAG = "<|python_tag|>"
 _MISTRAL = "[TOOL_CALLS]"
 _FENCE = "```"
 _MISTRAL_TAGS = ("[ARGS]", "[CALL_ID]")
-_OPENERS = frozenset((_TOOL_CALL, _PYTHON_TAG, _MISTRAL))
+# The call marker of each syntax a chat template may teach (the worker reports which, in Ready).
+FORMAT_OPENERS = {"hermes": (_TOOL_CALL,), "llama3": (_PYTHON_TAG,), "mistral": (_MISTRAL,)}
 # Markup a model prints after a call; only dropped right after one.
 _CLOSERS = frozenset(("</tool_call>", "<|eom_id|>", "<|eot_id|>", "</s>", ";"))
-_START_MARKS = _OPENERS | {_FENCE}
-_AFTER_MARKS = _START_MARKS | _CLOSERS
 
 
 def _prefixes(marks: Collection[str]) -> frozenset[str]:
     return frozenset(m[:k] for m in marks for k in range(1, len(m) + 1))
 
 
-_PROSE_PREFIXES = _prefixes(_OPENERS)
-_START_PREFIXES = _prefixes(_START_MARKS)
-_AFTER_PREFIXES = _prefixes(_AFTER_MARKS)
+class _Markup:
+    """The markers one parser looks for: its format's call marker (every format's when the
+    format is unknown), code fences, and what may close a call."""
+
+    def __init__(self, openers: Collection[str]) -> None:
+        self.openers = frozenset(openers)
+        self.start_marks = self.openers | {_FENCE}
+        self.after_marks = self.start_marks | _CLOSERS
+        self.prose_prefixes = _prefixes(self.openers)
+        self.start_prefixes = _prefixes(self.start_marks)
+        self.after_prefixes = _prefixes(self.after_marks)
+
+
+_ANY_FORMAT = _Markup((_TOOL_CALL, _PYTHON_TAG, _MISTRAL))
+_MARKUP = {name: _Markup(openers) for name, openers in FORMAT_OPENERS.items()}
 # Prose runs up to the next character that might begin a marker (or be whitespace before one).
 _PROSE_STOP = re.compile(r"[ \t\r\n<\[]")
 
@@ -310,8 +321,11 @@ _A_FIRST, _A_ELEM, _A_SEP = range(3)
 class ToolCallStream:
     """Feeds on a model's output piece by piece and returns content and tool-call events as they are known."""
 
-    def __init__(self, tool_names: Collection[str] | None = None) -> None:
+    def __init__(self, tool_names: Collection[str] | None = None, tool_format: str = "") -> None:
+        """`tool_format`: "hermes", "llama3" or "mistral" looks for that syntax's marker (and plain
+        JSON); "" for all of them."""
         self._names = None if tool_names is None else frozenset(tool_names)
+        self._m = _MARKUP.get(tool_format, _ANY_FORMAT)
         self.calls: list[ToolCall] = []
         self._mode = _CALLPOS
         self._after_call = False
@@ -384,9 +398,9 @@ class ToolCallStream:
 
     def _prose(self, c: str) -> bool:
         p = self._partial + c
-        if p in _PROSE_PREFIXES:
+        if p in self._m.prose_prefixes:
             self._partial = p
-            if p in _OPENERS:
+            if p in self._m.openers:
                 self._partial = ""
                 self._open(p)
             return True
@@ -404,9 +418,10 @@ class ToolCallStream:
     def _callpos(self, c: str) -> bool:
         after = self._after_call
         p = self._partial + c
-        if p in (_AFTER_PREFIXES if after else _START_PREFIXES):
+        m = self._m
+        if p in (m.after_prefixes if after else m.start_prefixes):
             self._partial = p
-            if p in (_AFTER_MARKS if after else _START_MARKS):
+            if p in (m.after_marks if after else m.start_marks):
                 self._partial = ""
                 self._mark(p)
             return True
@@ -423,6 +438,10 @@ class ToolCallStream:
             if c == "{":
                 self._held += c
                 self._begin_object(in_array=False)
+                return True
+            if c == "[":  # a JSON array of calls (reached only when no marker of this format starts with `[`)
+                self._held += c
+                self._begin_array()
                 return True
         # Prose. After a call, the whitespace and markup before it were dropped already.
         self._content(self._partial if after else self._held + self._partial)

@@ -19,7 +19,7 @@ from gateway.ops.settings import default_data_dir
 Command = Callable[[argparse.Namespace], int]
 
 
-def add_model_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def add_model_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("pull", help="download a GGUF model from Hugging Face, or import a local GGUF or ONNX model")
     p.add_argument("name", help="org/repo or org/repo:precision, e.g. bartowski/Llama-3.2-1B-Instruct-GGUF:Q4_K_M")
     p.add_argument("--local", type=Path, metavar="PATH",
@@ -77,7 +77,7 @@ def _pull(args: argparse.Namespace) -> int:
 
 
 def _list(args: argparse.Namespace) -> int:
-    entries = _store(args).list()
+    entries = _store(args).entries()
     if args.json:
         print(msgspec.json.encode(entries).decode())
         return 0

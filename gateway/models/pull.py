@@ -64,7 +64,7 @@ def pull(store: ModelStore, name: str, *, progress: bool = True) -> ModelEntry:
     repo_id = f"{org}/{repo}"
     try:
         info = HfApi().model_info(repo_id, files_metadata=True)
-    except Exception as exc:
+    except Exception as exc:  # noqa: BLE001 - every hub failure becomes one clear error (_translate)
         _reraise(exc, repo_id)
 
     files = gguf_files(
@@ -88,7 +88,7 @@ def pull(store: ModelStore, name: str, *, progress: bool = True) -> ModelEntry:
                 local_dir=staging,
                 tqdm_class=None if progress else _QuietTqdm,
             )
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - as above
             _reraise(exc, repo_id, chosen.name)
         return store.add_variant(org, repo, chosen.precision, Path(local), source=source)
     finally:

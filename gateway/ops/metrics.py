@@ -6,8 +6,8 @@ what clients type). Gauges are computed at scrape time from the pool, so nothing
 path keeps them up to date. Counters and histograms are written once per request, in
 `RequestTimer.finish`; on the relay's per-token path metrics add one integer test.
 
-`pool.py` and `worker_handle.py` call `worker_started/worker_crashed/worker_evicted`; this
-module imports neither (they import it), so the pool is seen only through small Protocols.
+The pool reports worker starts, crashes and evictions through `Metrics.worker_*`; this module
+imports neither the pool nor its handles, so the pool is seen only through small Protocols.
 """
 
 from __future__ import annotations
@@ -16,7 +16,6 @@ import time
 from collections.abc import Iterator, Mapping
 from typing import Any, Protocol
 
-import psutil
 from prometheus_client import CollectorRegistry, Counter, Histogram, ProcessCollector
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
@@ -37,8 +36,10 @@ class ReadyLike(Protocol):
 class WorkerLike(Protocol):
     """What the scrape reads from a `WorkerHandle`."""
 
-    key: Any  # WorkerKey: `.model`, `.slug`
-    ready_info: ReadyLike | None
+    @property
+    def key(self) -> Any: ...  # WorkerKey: `.model`, `.slug`
+    @property
+    def ready_info(self) -> ReadyLike | None: ...
 
     @property
     def inflight(self) -> int: ...
@@ -46,6 +47,7 @@ class WorkerLike(Protocol):
     def pid(self) -> int | None: ...
     @property
     def status(self) -> str: ...
+    def rss(self) -> int | None: ...
 
 
 class PoolLike(Protocol):
@@ -56,7 +58,7 @@ class PoolLike(Protocol):
 class _ModelSeries:
     """The labelled children of one model, looked up once: `.labels()` costs a lock and a dict."""
 
-    __slots__ = ("prompt", "generated", "ttft", "tpot", "e2e", "outcome")
+    __slots__ = ("e2e", "generated", "outcome", "prompt", "tpot", "ttft")
 
     def __init__(self, m: Metrics, model: str) -> None:
         self.prompt = (m.prompt_tokens.labels(model), m.vllm_prompt_tokens.labels(model))
@@ -114,9 +116,18 @@ class Metrics:
     def timer(self, model: str, started: float | None = None) -> RequestTimer:
         return RequestTimer(self.series(model), started)
 
+    def worker_started(self, model: str) -> None:
+        self.worker_starts.labels(model).inc()
+
+    def worker_crashed(self, model: str) -> None:
+        self.worker_crashes.labels(model).inc()
+
+    def worker_evicted(self, model: str) -> None:
+        self.worker_evictions.labels(model).inc()
+
 
 class RequestTimer:
-    """Times one chat request. `first_token()` once, `finish()` once; `token()` is optional.
+    """Times one request. `first_token()` once, `finish()` once.
 
     Inter-token latency is aggregated at `finish` as (last - first) / (tokens - 1) and observed
     once per request, not per Delta: per-Delta observation would put a clock read plus a
@@ -126,31 +137,25 @@ class RequestTimer:
     for `usage`, so it hands the final count to `finish` and calls nothing per token.
     """
 
-    __slots__ = ("_s", "started", "first", "tokens", "_done")
+    __slots__ = ("_done", "_s", "first", "started")
 
     def __init__(self, series: _ModelSeries, started: float | None = None) -> None:
         self._s = series
         self.started = time.perf_counter() if started is None else started
         self.first = 0.0
-        self.tokens = 0
         self._done = False
 
     def first_token(self) -> None:
         if not self.first:
             self.first = time.perf_counter()
 
-    def token(self, n: int) -> None:
-        """Cumulative generated count; O(1), no clock. For relays that do not count on their own."""
-        self.tokens = n
-
-    def finish(self, prompt_tokens: int, completion_tokens: int | None, outcome: str) -> None:
+    def finish(self, prompt_tokens: int, generated: int, outcome: str) -> None:
         """Record the request once; later calls are ignored (a relay may reach two exits)."""
         if self._done:
             return
         self._done = True
         now = time.perf_counter()
         s = self._s
-        generated = self.tokens if completion_tokens is None else completion_tokens
         if prompt_tokens > 0:
             for c in s.prompt:
                 c.inc(prompt_tokens)
@@ -193,7 +198,7 @@ class _PoolCollector(Collector):
             acc[0] += run
             acc[1] += inflight - run
             per_state[(model, h.status)] = per_state.get((model, h.status), 0) + 1
-            mem = _rss(h.pid)
+            mem = h.rss()
             if mem is not None:
                 rss.add_metric([model, h.key.slug, str(h.pid)], mem)
         for model, (run, wait) in per_model.items():
@@ -213,32 +218,6 @@ class _PoolCollector(Collector):
             GaugeMetricFamily("vllm:num_requests_running", "Requests decoding in a slot.", labels=["model"]),
             GaugeMetricFamily("vllm:num_requests_waiting", "Requests admitted, waiting for a slot.", labels=["model"]),
             GaugeMetricFamily("geniex:worker_resident_memory_bytes", "Resident memory of each worker process.",
-                              labels=["model", "worker", "pid"]),  # fmt: skip
+                              labels=["model", "worker", "pid"]),
             GaugeMetricFamily("geniex:workers", "Worker processes by state.", labels=["model", "state"]),
         ]
-
-
-def _rss(pid: int | None) -> int | None:
-    if not pid:
-        return None
-    try:
-        return int(psutil.Process(pid).memory_info().rss)
-    except psutil.Error:
-        return None
-
-
-# The process-wide instance: the app serves it, and the pool's lifecycle hooks below write to it
-# without needing a reference to the app.
-METRICS = Metrics()
-
-
-def worker_started(model: str) -> None:
-    METRICS.worker_starts.labels(model).inc()
-
-
-def worker_crashed(model: str) -> None:
-    METRICS.worker_crashes.labels(model).inc()
-
-
-def worker_evicted(model: str) -> None:
-    METRICS.worker_evictions.labels(model).inc()

@@ -17,7 +17,7 @@ from gateway.ops.ledger import UsageRow, check_day, open_readonly, query
 from gateway.ops.settings import default_data_dir
 
 
-def add_usage_command(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def add_usage_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("usage", help="requests and tokens per day, model, API key and user")
     p.add_argument("--json", action="store_true", help="print a JSON array instead of a table")
     p.add_argument("--since", type=_day, metavar="YYYY-MM-DD", help="only days on or after this UTC date")

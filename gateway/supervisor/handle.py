@@ -1,34 +1,38 @@
 """The gateway's side of one worker process: its subprocess, its sockets, its requests.
 
-One reader task routes every reply to the per-request queue it belongs to. One
-monitor task waits on the process; when it exits, every waiting request is woken
-with the reason at once, so nothing hangs on a dead worker.
+One reader task routes every reply to the per-request queue it belongs to. One watcher task
+waits on the process and is the only place that tears a handle down: when the process exits,
+asked to or not, every waiting request is woken with the reason at once, so nothing hangs on
+a dead worker. The handle never touches the pool: it reports what happens to it (busy, idle,
+exited) as events on a queue the pool reads.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextvars
+import enum
 import itertools
 import os
 import signal
 import sys
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import NamedTuple
 
+import msgspec
+import psutil
 import structlog
 import zmq
 import zmq.asyncio
 
-from gateway.api.request_id import current_request_id
 from gateway.errors import (
-    BadRequest,
-    EngineFailure,
     GenieXError,
     Overloaded,
     WorkerDied,
     WorkerUnavailable,
+    error_for,
 )
 from gateway.supervisor.states import IllegalTransition, State, can_move
 from protocol.keys import WorkerKey
@@ -38,56 +42,83 @@ from protocol.wire import (
     Delta,
     Done,
     Dying,
+    Embed,
+    Embeddings,
     Failed,
     Generate,
+    LogitRows,
+    Logits,
     Ready,
+    Rerank,
+    Scores,
     SetThreads,
     Shutdown,
+    Started,
+    ToWorker,
     Warmup,
     gateway_codec,
 )
 
 log = structlog.get_logger("gateway.worker")
 
-def _error_for(failed: Failed) -> GenieXError:
-    cls = {400: BadRequest, 503: WorkerUnavailable}.get(failed.status, EngineFailure)
-    return cls(failed.message, code=failed.code)
+Streamed = Started | Delta | Done  # what a generation yields
+OneShot = Logits | Embed | Rerank  # requests answered with one reply
+Answer = LogitRows | Embeddings | Scores
 
 
-class WorkerSpec:
+class WorkerSpec(msgspec.Struct, frozen=True, kw_only=True):
     """What a handle needs to start its process; the pool fills it in."""
 
-    def __init__(
-        self,
-        key: WorkerKey,
-        model_path: str,
-        engine: str,
-        ngl: int,
-        parallel: int,
-        threads: int,
-        log_level: str,
-        load_timeout: float,
-        max_queue: int,
-        stream_interval_ms: int = 0,
-        nice: int = 0,
-    ) -> None:
-        self.key = key
-        self.model_path = model_path
-        self.engine = engine
-        self.ngl = ngl
-        self.parallel = parallel
-        self.threads = threads
-        self.log_level = log_level
-        self.load_timeout = load_timeout
-        self.max_queue = max_queue
-        self.stream_interval_ms = stream_interval_ms
-        self.nice = nice
+    key: WorkerKey
+    model_path: str
+    engine: str
+    ngl: int
+    parallel: int
+    threads: int
+    log_level: str
+    load_timeout: float
+    max_queue: int
+    stream_interval_ms: int = 0
+    nice: int = 0
+    batch_tokens: int = 0  # an embedding engine's tokens per decode (0: the engine's default)
+
+    def argv(self, inbox: str, outbox: str) -> list[str]:
+        return [
+            sys.executable, "-m", "workers",
+            "--engine", self.engine,
+            "--model", self.model_path,
+            "--compute", self.key.compute,
+            "--nctx", str(self.key.nctx),
+            "--ngl", str(self.ngl),
+            "--parallel", str(self.parallel),
+            "--threads", str(self.threads),
+            "--stream-interval-ms", str(self.stream_interval_ms),
+            "--nice", str(self.nice),
+            "--batch-tokens", str(self.batch_tokens),
+            "--inbox", inbox,
+            "--outbox", outbox,
+            "--parent-pid", str(os.getpid()),
+            "--name", self.key.slug,
+            "--log-level", self.log_level,
+        ]  # fmt: skip
+
+
+class Happened(enum.Enum):
+    BUSY = "busy"  # the first request came in
+    IDLE = "idle"  # the last request left
+    EXITED = "exited"  # the process is gone (`crashed`: it was not asked to go)
+
+
+class WorkerEvent(NamedTuple):
+    handle: WorkerHandle
+    what: Happened
+    crashed: bool = False
 
 
 class _Pending:
     """One request in flight: where its replies go, how far it has got, and its request id."""
 
-    __slots__ = ("queue", "n_tokens", "log_id")
+    __slots__ = ("log_id", "n_tokens", "queue")
 
     def __init__(self, log_id: str) -> None:
         self.queue: asyncio.Queue[object] = asyncio.Queue()
@@ -95,20 +126,9 @@ class _Pending:
         self.log_id = log_id
 
 
-ExitCallback = Callable[["WorkerHandle", bool], None]
-IdleCallback = Callable[["WorkerHandle"], None]  # also used for "became busy"
-
-
 class WorkerHandle:
-    def __init__(
-        self,
-        spec: WorkerSpec,
-        zctx: zmq.asyncio.Context,
-        runtime_dir: Path,
-        on_exit: ExitCallback | None = None,
-        on_idle: IdleCallback | None = None,
-        on_busy: IdleCallback | None = None,
-    ) -> None:
+    def __init__(self, spec: WorkerSpec, zctx: zmq.asyncio.Context, runtime_dir: Path,
+                 events: asyncio.Queue[WorkerEvent] | None = None) -> None:  # fmt: skip
         self.spec = spec
         self.key = spec.key
         self.state = State.STARTING
@@ -120,17 +140,16 @@ class WorkerHandle:
         self.exit_reason: str | None = None
         self.keepalive: float | None = None  # a request's `keep_alive` overrides --keepalive
         self.tokens_generated = 0
-        self._on_exit = on_exit
-        self._on_idle = on_idle
-        self._on_busy = on_busy
         self.threads: int | None = None  # the last SetThreads sent; None: the worker's own default
+        self._events = events
         self._codec = gateway_codec()
         self._ids = itertools.count(1)
         self._queues: dict[int, _Pending] = {}
         self._cancelled: dict[int, int] = {}  # req_id -> tokens relayed when the cancel was sent
         self._ready: asyncio.Future[Ready] = asyncio.get_running_loop().create_future()
         self._dying: str | None = None
-        self._tasks: list[asyncio.Task[None]] = []
+        self._reader: asyncio.Task[None] | None = None
+        self._watcher: asyncio.Task[None] | None = None
         slug = spec.key.slug
         self._inbox = f"ipc://{runtime_dir / slug}.in"
         self._outbox = f"ipc://{runtime_dir / slug}.out"
@@ -152,6 +171,10 @@ class WorkerHandle:
         self.log.info("worker state", old=self.state.value, new=new.value, pid=self.pid)
         self.state = new
 
+    def _report(self, what: Happened, crashed: bool = False) -> None:
+        if self._events is not None:
+            self._events.put_nowait(WorkerEvent(self, what, crashed))
+
     @property
     def pid(self) -> int | None:
         return self.proc.pid if self.proc else None
@@ -167,6 +190,13 @@ class WorkerHandle:
             return "busy" if self._queues else "idle"
         return self.state.value
 
+    def rss(self) -> int | None:
+        """The worker process's resident memory in bytes (None once it is gone)."""
+        try:
+            return int(psutil.Process(self.proc.pid).memory_info().rss) if self.proc else None
+        except psutil.Error:
+            return None
+
     @property
     def alive(self) -> bool:
         return self.state in (State.STARTING, State.READY)
@@ -175,32 +205,19 @@ class WorkerHandle:
 
     async def start(self) -> Ready:
         s = self.spec
-        cmd = [
-            sys.executable, "-m", "workers",
-            "--engine", s.engine,
-            "--model", s.model_path,
-            "--compute", s.key.compute,
-            "--nctx", str(s.key.nctx),
-            "--ngl", str(s.ngl),
-            "--parallel", str(s.parallel),
-            "--threads", str(s.threads),
-            "--stream-interval-ms", str(s.stream_interval_ms),
-            "--nice", str(s.nice),
-            "--inbox", self._inbox,
-            "--outbox", self._outbox,
-            "--parent-pid", str(os.getpid()),
-            "--name", s.key.slug,
-            "--log-level", s.log_level,
-        ]  # fmt: skip
-        self.log.debug("worker command", argv=cmd)
-        self.proc = await asyncio.create_subprocess_exec(*cmd, stdin=asyncio.subprocess.DEVNULL)
+        argv = s.argv(self._inbox, self._outbox)
+        self.log.debug("worker command", argv=argv)
+        # The worker outlives the request that started it: its tasks log without that request's id.
+        fresh = contextvars.Context()
+        try:
+            self.proc = await asyncio.create_subprocess_exec(*argv, stdin=asyncio.subprocess.DEVNULL)
+        except OSError as exc:
+            await self.stop(graceful=False)
+            raise WorkerUnavailable(f"could not start a worker for {s.key.model}: {exc}") from None
         self.log = self.log.bind(pid=self.proc.pid)
         self.log.info("worker spawned", model=s.key.model, engine=s.engine)
-        # The worker outlives the request that started it: its tasks log without that request's id.
-        self._tasks = [
-            asyncio.create_task(self._read_replies(), name=f"read:{s.key.slug}", context=contextvars.Context()),
-            asyncio.create_task(self._watch_process(), name=f"watch:{s.key.slug}", context=contextvars.Context()),
-        ]
+        self._reader = asyncio.create_task(self._read_replies(), name=f"read:{s.key.slug}", context=fresh)
+        self._watcher = asyncio.create_task(self._watch(self.proc), name=f"watch:{s.key.slug}", context=fresh)
         try:
             ready = await asyncio.wait_for(asyncio.shield(self._ready), s.load_timeout)
         except TimeoutError:
@@ -209,8 +226,6 @@ class WorkerHandle:
                 f"worker for {s.key.model} did not become ready within {s.load_timeout:g}s; "
                 "raise --load-timeout if the model is large, or check the worker's log"
             ) from None
-        except GenieXError:
-            raise
         if ready.protocol_version != PROTOCOL_VERSION:
             await self.stop(graceful=False)
             raise WorkerUnavailable(f"worker speaks protocol {ready.protocol_version}, gateway {PROTOCOL_VERSION}")
@@ -219,80 +234,63 @@ class WorkerHandle:
         return ready
 
     async def stop(self, *, graceful: bool = True, timeout: float = 10.0) -> None:
-        """Graceful: wait for in-flight requests (up to `timeout`), then Shutdown, then signals."""
+        """Ask the process to go (graceful: after its in-flight requests, up to `timeout`; then
+        Shutdown, SIGTERM, SIGKILL) and wait until the watcher has torn the handle down."""
         if self.state in (State.STOPPED, State.FAILED):
             return
-        if self.state is not State.STOPPING:
-            self._move(State.STOPPING)
+        self._move(State.STOPPING)
         proc = self.proc
-        if proc is not None and proc.returncode is None:
+        if proc is None or self._watcher is None:  # never spawned
+            self._teardown(WorkerDied(f"worker for {self.key.model} was stopped"), crashed=False)
+            return
+        if proc.returncode is None:
             if graceful:
                 deadline = time.monotonic() + timeout
                 while self._queues and time.monotonic() < deadline:
                     await asyncio.sleep(0.05)
                 self._send(Shutdown())
-                if await self._exited(proc, 3.0):
-                    return await self._finish()
-            proc.send_signal(signal.SIGTERM)
-            if not await self._exited(proc, 3.0):
-                proc.kill()
-                await proc.wait()
-        await self._finish()
+            if not graceful or not await _exited(proc, 3.0):
+                proc.send_signal(signal.SIGTERM)
+                if not await _exited(proc, 3.0):
+                    proc.kill()
+        await asyncio.shield(self._watcher)
 
-    async def _finish(self) -> None:
-        for t in self._tasks:
-            if t is not asyncio.current_task():
-                t.cancel()
-        self._fail_all(WorkerDied(f"worker for {self.key.model} was stopped"))
-        self._push.close(0)
-        self._pull.close(0)
+    async def _watch(self, proc: asyncio.subprocess.Process) -> None:
+        code = await proc.wait()
         if self.state is State.STOPPING:
-            self._move(State.STOPPED)
-            if self._on_exit is not None:
-                self._on_exit(self, False)
-
-    @staticmethod
-    async def _exited(proc: asyncio.subprocess.Process, timeout: float) -> bool:
-        try:
-            await asyncio.wait_for(proc.wait(), timeout)
-            return True
-        except TimeoutError:
-            return False
-
-    async def _watch_process(self) -> None:
-        assert self.proc is not None
-        code = await self.proc.wait()
-        if self.state is State.STOPPING:
+            self._teardown(WorkerDied(f"worker for {self.key.model} was stopped"), crashed=False)
             return
-        if code < 0:
-            reason = f"killed by {signal.Signals(-code).name}"
-        else:
-            reason = f"exited with status {code}"
+        reason = f"killed by {signal.Signals(-code).name}" if code < 0 else f"exited with status {code}"
         if self._dying:
             reason += f": {self._dying}"
         self.exit_reason = reason
         self.log.error("worker died", reason=reason, inflight=len(self._queues),
                        requests=[p.log_id for p in self._queues.values()])  # fmt: skip
-        err = WorkerDied(f"worker for {self.key.model} died ({reason})")
+        self._teardown(WorkerDied(f"worker for {self.key.model} died ({reason})"), crashed=True)
+
+    def _teardown(self, err: GenieXError, *, crashed: bool) -> None:
+        """The one way a handle ends: wake everything waiting on it, close up, tell the pool."""
         if not self._ready.done():
             self._ready.set_exception(err)
-            self._ready.exception()  # mark retrieved; start() re-raises it
-        self._move(State.FAILED)
-        self._fail_all(err)
-        if self._on_exit is not None:
-            self._on_exit(self, True)
-        for t in self._tasks:
-            if t is not asyncio.current_task():
-                t.cancel()
-        self._push.close(0)
-        self._pull.close(0)
-
-    def _fail_all(self, err: GenieXError) -> None:
+            self._ready.exception()  # retrieved here; start() raises it
+        self._move(State.FAILED if crashed else State.STOPPED)
         for p in self._queues.values():
             p.queue.put_nowait(err)
         self._queues.clear()
+        if self._reader is not None:
+            self._reader.cancel()  # it closes its socket once the cancellation reaches it
+        else:
+            self._pull.close(0)
+        self._push.close(0)
+        self._report(Happened.EXITED, crashed)
 
     async def _read_replies(self) -> None:
+        try:
+            await self._route_replies()
+        finally:
+            self._pull.close(0)
+
+    async def _route_replies(self) -> None:
         decode = self._codec.decode
         while True:
             raw = await self._pull.recv(copy=False)
@@ -302,7 +300,17 @@ class WorkerHandle:
                 if p is not None:
                     p.n_tokens = msg.n_tokens
                     p.queue.put_nowait(msg)
-            elif isinstance(msg, (Done, Failed)):
+            elif isinstance(msg, Started):
+                p = self._queues.get(msg.req_id)
+                if p is not None:
+                    p.queue.put_nowait(msg)
+            elif isinstance(msg, Ready):
+                if not self._ready.done():
+                    self._ready.set_result(msg)
+            elif isinstance(msg, Dying):
+                self._dying = msg.message
+                self.log.error("worker dying", error=msg.message)
+            else:  # Done, Failed, or a one-shot answer: the request's last reply
                 p = self._queues.pop(msg.req_id, None)
                 if p is not None:
                     p.queue.put_nowait(msg)
@@ -312,27 +320,16 @@ class WorkerHandle:
                                   overshoot=max(0, msg.completion_tokens - relayed))  # fmt: skip
                 if isinstance(msg, Done):
                     self.tokens_generated += msg.completion_tokens
-            elif isinstance(msg, Ready):
-                if not self._ready.done():
-                    self._ready.set_result(msg)
-            elif isinstance(msg, Dying):
-                self._dying = msg.message
-                self.log.error("worker dying", error=msg.message)
-            elif (req_id := getattr(msg, "req_id", None)) is not None:
-                # A one-shot result (logits, embeddings...): its request's only reply.
-                p = self._queues.pop(req_id, None)
-                if p is not None:
-                    p.queue.put_nowait(msg)
 
     # ---- requests ----------------------------------------------------------
 
-    def _send(self, msg: object) -> None:
+    def _send(self, msg: ToWorker) -> None:
         try:
             self._push.send(self._codec.encode(msg), flags=zmq.NOBLOCK)
         except zmq.ZMQError:
-            pass  # a dead worker is reported by the monitor, with its real cause
+            pass  # a dead worker is reported by the watcher, with its real cause
 
-    def _admit(self) -> tuple[int, _Pending]:
+    def _admit(self, log_id: str) -> tuple[int, _Pending]:
         if self.state is not State.READY:
             raise WorkerDied(f"worker for {self.key.model} is {self.status}")
         assert self.ready_info is not None
@@ -343,11 +340,16 @@ class WorkerHandle:
             )
         req_id = next(self._ids)
         became_busy = not self._queues
-        pending = self._queues[req_id] = _Pending(current_request_id() or "")
-        if became_busy and self._on_busy is not None:
-            self._on_busy(self)
+        pending = self._queues[req_id] = _Pending(log_id)
+        if became_busy:
+            self._report(Happened.BUSY)
         self.last_used = time.monotonic()
         return req_id, pending
+
+    def _left(self) -> None:
+        self.last_used = time.monotonic()
+        if not self._queues:
+            self._report(Happened.IDLE)
 
     def set_threads(self, n: int) -> None:
         if n != self.threads:
@@ -364,55 +366,62 @@ class WorkerHandle:
             self._send(Cancel(req_id))
 
     async def warmup(self) -> None:
-        req_id, pending = self._admit()
-        self._send(Warmup(req_id))
-        await self._next(pending.queue)
+        req_id, pending = self._admit("")
+        try:
+            self._send(Warmup(req_id))
+            await _next(pending.queue)
+        finally:
+            self._queues.pop(req_id, None)
+            self._left()
 
-    async def call(self, make: Callable[[int], object]) -> object:
-        """Send the one-shot request `make(req_id)` and return its one reply; raise for Failed."""
-        req_id, pending = self._admit()
+    async def call(self, msg: OneShot) -> Answer:
+        """Send a one-shot request and return its one reply; raise for Failed or a dead worker."""
+        req_id, pending = self._admit(msg.log_id)
         answered = False
         try:
-            self._send(make(req_id))
-            reply = await self._next(pending.queue)
+            self._send(msgspec.structs.replace(msg, req_id=req_id))
+            reply = await _next(pending.queue)
             answered = True
             self.requests_served += 1
-            return reply
+            return reply  # type: ignore[return-value]  # a one-shot's reply is its answer
         finally:
             if not answered:
                 self.cancel(req_id)  # the client left, or the worker refused (then a no-op)
             self._left()
 
-    async def generate(self, **fields: object) -> AsyncIterator[Delta | Done]:
-        """Yield this request's Deltas and its final Done; raise for Failed or a dead worker."""
-        req_id, pending = self._admit()
+    async def generate(self, msg: Generate) -> AsyncIterator[Streamed]:
+        """Yield this generation's Started, Deltas and final Done; raise for Failed or a dead worker."""
+        req_id, pending = self._admit(msg.log_id)
         finished = False
         try:
-            self._send(Generate(req_id=req_id, **fields))  # type: ignore[arg-type]
+            self._send(msgspec.structs.replace(msg, req_id=req_id))
             while True:
-                msg = await self._next(pending.queue)
-                if isinstance(msg, Done):
+                reply = await _next(pending.queue)
+                if isinstance(reply, Done):
                     finished = True
                     self.requests_served += 1
                     self._left()
-                    yield msg
+                    yield reply
                     return
-                yield msg
+                yield reply  # type: ignore[misc]  # a generation's replies are Started and Deltas
         finally:
             if not finished:
                 self.cancel(req_id)
                 self._left()
 
-    def _left(self) -> None:
-        self.last_used = time.monotonic()
-        if not self._queues and self._on_idle is not None:
-            self._on_idle(self)
 
-    @staticmethod
-    async def _next(q: asyncio.Queue[object]) -> Delta | Done:
-        msg = await q.get()
-        if isinstance(msg, GenieXError):
-            raise msg
-        if isinstance(msg, Failed):
-            raise _error_for(msg)
-        return msg  # type: ignore[return-value]
+async def _next(q: asyncio.Queue[object]) -> object:
+    msg = await q.get()
+    if isinstance(msg, GenieXError):
+        raise msg
+    if isinstance(msg, Failed):
+        raise error_for(msg.kind, msg.message, msg.code)
+    return msg
+
+
+async def _exited(proc: asyncio.subprocess.Process, timeout: float) -> bool:
+    try:
+        await asyncio.wait_for(proc.wait(), timeout)
+        return True
+    except TimeoutError:
+        return False

@@ -8,12 +8,15 @@ import struct
 
 import structlog
 
-from protocol.embeddings import EMBED_BATCH_TOKENS
-
 log = structlog.get_logger("gateway.supervisor.memory")
 
 # Compute buffers, the runtime, and the Python interpreter of the worker itself.
 WORKER_OVERHEAD = 160 * 1024 * 1024
+
+# Tokens per decode of a GGUF embedding worker: the pool gives the worker this batch
+# (`--batch-tokens`), and a decoder embedder's KV cache is that many tokens (an encoder such as
+# BERT keeps none), so the estimate counts exactly what the worker allocates.
+EMBED_BATCH_TOKENS = 2048
 
 
 _SCALAR = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
@@ -35,7 +38,7 @@ def read_gguf_numbers(path: str) -> dict[str, float | str]:
     A few dozen lines instead of `gguf.GGUFReader`, which parses every tensor and
     the whole vocabulary with numpy and takes seconds on a large model.
     """
-    out: dict[str, float] = {}
+    out: dict[str, float | str] = {}
     file_size = os.path.getsize(path)
     with open(path, "rb") as f:
         if f.read(4) != b"GGUF":

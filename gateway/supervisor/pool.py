@@ -22,13 +22,14 @@ import zmq.asyncio
 
 from gateway.errors import Overloaded
 from gateway.models.store import ModelEntry
-from gateway.ops import metrics
+from gateway.ops.metrics import Metrics
 from gateway.ops.settings import Settings
 from gateway.supervisor import runtime_dir
 from gateway.supervisor.compute import resolve_compute
 from gateway.supervisor.eviction import Resident, plan_evictions
-from gateway.supervisor.handle import WorkerHandle, WorkerSpec
+from gateway.supervisor.handle import Happened, WorkerEvent, WorkerHandle, WorkerSpec
 from gateway.supervisor.memory import (
+    EMBED_BATCH_TOKENS,
     embedding_kv_tokens,
     estimate_worker_bytes,
     is_embedding_gguf,
@@ -47,16 +48,21 @@ def default_parallel(nctx: int) -> int:
 
 
 class WorkerPool:
-    def __init__(self, settings: Settings, zctx: zmq.asyncio.Context) -> None:
+    """The only writer of the worker table: handles report what happens to them as events,
+    which one task of the pool applies (core shares, crash accounting, removal, wake-ups)."""
+
+    def __init__(self, settings: Settings, zctx: zmq.asyncio.Context, metrics: Metrics) -> None:
         self.settings = settings
         self.zctx = zctx
+        self.metrics = metrics
         self.workers: dict[WorkerKey, WorkerHandle] = {}
+        self.events: asyncio.Queue[WorkerEvent] = asyncio.Queue()
         self._starting: dict[WorkerKey, asyncio.Task[WorkerHandle]] = {}
         stale = runtime_dir.sweep()
         if stale:
             log.info("removed runtime folders of gateways that are gone", paths=[str(p) for p in stale])
         self.runtime_dir = runtime_dir.create()
-        self._reaper: asyncio.Task[None] | None = None
+        self._tasks: list[asyncio.Task[None]] = []
         self._crashes: dict[WorkerKey, deque[float]] = {}
         self._backoff_until: dict[WorkerKey, float] = {}
         self._estimates: dict[WorkerKey, int] = {}
@@ -100,7 +106,7 @@ class WorkerPool:
                 retry_after=max(1, int(left + 0.5)),
             )
 
-    def _share_cores(self, _handle: WorkerHandle | None = None) -> None:
+    def _share_cores(self) -> None:
         """Split the cores between the CPU workers that are busy right now.
 
         Each llama.cpp worker spins its threads between operations; two workers with
@@ -116,30 +122,31 @@ class WorkerPool:
         for h in busy:
             h.set_threads(share)
 
-    def _on_idle(self, handle: WorkerHandle) -> None:
-        self._share_cores(handle)
-        if self._capacity_waiters:
-            asyncio.get_running_loop().create_task(self._wake_waiters())
+    async def _apply_events(self) -> None:
+        while True:
+            ev = await self.events.get()
+            if ev.what is Happened.EXITED:
+                if self.workers.get(ev.handle.key) is ev.handle:
+                    del self.workers[ev.handle.key]
+                if ev.crashed:
+                    self._count_crash(ev.handle.key)
+            self._share_cores()
+            if ev.what is not Happened.BUSY and self._capacity_waiters:
+                async with self._idle:
+                    self._idle.notify_all()
 
-    async def _wake_waiters(self) -> None:
-        async with self._idle:
-            self._idle.notify_all()
-
-    def _on_exit(self, handle: WorkerHandle, crashed: bool) -> None:
-        self._on_idle(handle)
-        if not crashed:
-            return
-        metrics.worker_crashed(handle.key.model)
+    def _count_crash(self, key: WorkerKey) -> None:
+        self.metrics.worker_crashed(key.model)
         s = self.settings
         if s.crash_limit <= 0:
             return
         now = time.monotonic()
-        times = self._crashes.setdefault(handle.key, deque(maxlen=s.crash_limit))
+        times = self._crashes.setdefault(key, deque(maxlen=s.crash_limit))
         times.append(now)
         if len(times) == s.crash_limit and now - times[0] <= s.crash_window:
-            self._backoff_until[handle.key] = now + s.crash_backoff
+            self._backoff_until[key] = now + s.crash_backoff
             times.clear()
-            log.error("worker crash-looping; backing off", worker=handle.key.slug, seconds=s.crash_backoff)
+            log.error("worker crash-looping; backing off", worker=key.slug, seconds=s.crash_backoff)
 
     # ---- starting, with eviction --------------------------------------------
 
@@ -166,12 +173,12 @@ class WorkerPool:
                 max_queue=s.max_queue,
                 stream_interval_ms=s.stream_interval_ms,
                 nice=s.worker_nice,
+                batch_tokens=EMBED_BATCH_TOKENS if engine == "llama_embed" else 0,
             )
-            handle = WorkerHandle(spec, self.zctx, self.runtime_dir, on_exit=self._on_exit, on_idle=self._on_idle,
-                                  on_busy=self._share_cores)  # fmt: skip
+            handle = WorkerHandle(spec, self.zctx, self.runtime_dir, self.events)
             self.workers[key] = handle
             self._estimates[key] = need
-            metrics.worker_started(key.model)
+            self.metrics.worker_started(key.model)
             t0 = time.perf_counter()
             try:
                 ready = await handle.start()
@@ -244,14 +251,16 @@ class WorkerPool:
         for key, h in list(self.workers.items()):
             if key.slug in slugs:
                 log.info("evicting worker", worker=key.slug, idle_s=round(time.monotonic() - h.last_used, 1))
-                metrics.worker_evicted(key.model)
+                self.metrics.worker_evicted(key.model)
                 self.workers.pop(key, None)
                 await h.stop()
 
     # ---- idle timeout ----------------------------------------------------------
 
-    def start_reaper(self) -> None:
-        self._reaper = asyncio.create_task(self._reap_idle(), name="reaper")
+    def start(self) -> None:
+        """The pool's own tasks: applying worker events, and stopping idle workers."""
+        self._tasks = [asyncio.create_task(self._apply_events(), name="pool-events"),
+                       asyncio.create_task(self._reap_idle(), name="reaper")]  # fmt: skip
 
     def keepalive_of(self, h: WorkerHandle) -> float:
         return self.settings.keepalive if h.keepalive is None else h.keepalive
@@ -261,9 +270,6 @@ class WorkerPool:
             await asyncio.sleep(0.25)
             now = time.monotonic()
             for key, h in list(self.workers.items()):
-                if h.state in (State.FAILED, State.STOPPED):
-                    self.workers.pop(key, None)
-                    continue
                 keepalive = self.keepalive_of(h)
                 if keepalive >= 0 and h.state is State.READY and h.inflight == 0 and now - h.last_used >= keepalive:
                     log.info("worker idle; stopping", worker=key.slug, idle_s=round(now - h.last_used, 1))
@@ -271,10 +277,10 @@ class WorkerPool:
                     await h.stop()
 
     async def close(self, drain_timeout: float = 0.0) -> None:
-        if self._reaper:
-            self._reaper.cancel()
-        for t in list(self._starting.values()):
-            t.cancel()
+        for task in self._tasks:
+            task.cancel()
+        for start in list(self._starting.values()):
+            start.cancel()
         handles = list(self.workers.values())
         self.workers.clear()
         await asyncio.gather(*(h.stop(graceful=drain_timeout > 0, timeout=drain_timeout) for h in handles),

@@ -56,7 +56,7 @@ def sweep(base: Path | None = None) -> list[Path]:
     So is a folder whose sockets still accept a connection (a gateway in another pid
     namespace sharing this temp dir).
     """
-    removed = []
+    removed: list[Path] = []
     uid = os.getuid() if hasattr(os, "getuid") else None
     try:
         entries = list((base or base_dir()).iterdir())

@@ -279,7 +279,7 @@ def test_n_gives_independent_choices(client: openai.OpenAI, stream: bool) -> Non
     kw: dict[str, Any] = {"model": MODEL, "messages": ASK, "n": 3, "max_tokens": 12, "temperature": 1.0, "seed": 11}
     if stream:
         chunks = list(client.chat.completions.create(stream=True, stream_options={"include_usage": True}, **kw))
-        texts = {i: "" for i in range(3)}
+        texts = dict.fromkeys(range(3), "")
         finished = set()
         for c in chunks:
             for ch in c.choices:

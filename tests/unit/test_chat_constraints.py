@@ -92,5 +92,5 @@ def test_constraints() -> None:
         constraint_of(req(grammar_string="root ::= x", enable_json=True), [], "none", None)
     with pytest.raises(BadRequest, match="empty"):
         constraint_of(req(grammar_string="  "), [], "none", None)
-    with pytest.raises(BadRequest, match="response_format.type"):
+    with pytest.raises(BadRequest, match=r"response_format\.type"):
         constraint_of(req(response_format={"type": "yaml"}), [], "none", None)

@@ -3,7 +3,6 @@
 from gateway.chat.convert import Shape
 from gateway.chat.shape import ChoiceShaper
 from protocol.wire import TokenLogprob
-from workers.engines.llama.engine import _opens_think
 
 
 def run(shaper: ChoiceShaper, pieces: list[str]) -> list[object]:
@@ -12,10 +11,16 @@ def run(shaper: ChoiceShaper, pieces: list[str]) -> list[object]:
     return [o for o in out if o is not None]
 
 
-def test_a_prompt_that_opened_think_is_detected() -> None:
-    assert _opens_think("<|im_start|>assistant\n<think>\n")
-    assert not _opens_think("<|im_start|>assistant\n<think>\n\n</think>\n\n")
-    assert not _opens_think("<|im_start|>assistant\n")
+def test_an_answer_whose_prompt_opened_reasoning_starts_as_reasoning() -> None:
+    s = ChoiceShaper(0, Shape(reasoning=True))
+    s.start(reasoning_open=True)  # the worker's Started: the template opened <think> itself
+    run(s, ["let me", " see", "</think>", "4."])
+    msg = s.message()
+    assert (msg.reasoning_content, msg.content) == ("let me see", "4.")
+    plain = ChoiceShaper(0, Shape())  # no split asked: the flag changes nothing
+    plain.start(reasoning_open=True)
+    run(plain, ["let me", "</think>4."])
+    assert plain.message().content == "let me</think>4."
 
 
 def test_reasoning_then_content_in_order() -> None:

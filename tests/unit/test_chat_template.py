@@ -70,3 +70,22 @@ def test_template_without_tools_gets_a_system_prompt_and_plain_turns() -> None:
     # An existing system turn is extended, not duplicated.
     out = t.render([{"role": "system", "content": "Be brief."}, *HISTORY], None, [TOOL])
     assert out.count("<|im_start|>system") == 1 and out.startswith("<|im_start|>system\nBe brief.\n\n")
+
+
+def test_a_prompt_that_opened_think_is_detected() -> None:
+    from workers.engines.llama.chat_template import opens_reasoning
+
+    assert opens_reasoning("<|im_start|>assistant\n<think>\n")
+    assert not opens_reasoning("<|im_start|>assistant\n<think>\n\n</think>\n\n")
+    assert not opens_reasoning("<|im_start|>assistant\n")
+
+
+def test_the_tool_call_syntax_a_template_teaches() -> None:
+    from workers.engines.llama.chat_template import ChatTemplate, tool_call_format
+
+    assert tool_call_format("{% if tools %}<tool_call>{{ tools }}{% endif %}") == "hermes"
+    assert tool_call_format("{% if tools %}[TOOL_CALLS]{% endif %}") == "mistral"
+    assert tool_call_format("{{ '<|python_tag|>' }}{{ tools }}") == "llama3"
+    assert tool_call_format("{{ messages }}") == ""
+    # a template that knows no tools is taught Hermes by the worker's own tool prompt
+    assert ChatTemplate("{{ messages }}", bos_token="", eos_token="").tool_format == "hermes"

@@ -13,6 +13,7 @@ from protocol.wire import (
     Done,
     Embed,
     Embeddings,
+    ErrorKind,
     Failed,
     Ready,
     Rerank,
@@ -21,7 +22,7 @@ from protocol.wire import (
     worker_codec,
 )
 from workers.embedding_jobs import CROSS_ENCODER, EmbeddingQueue, Seq, finish, pool
-from workers.engines import EngineError, serves
+from workers.engines import EngineError
 
 
 class FakeModel:
@@ -110,18 +111,23 @@ def test_cancel_and_a_failing_forward() -> None:
     q = EmbeddingQueue(broken, n_embd=3, max_batch=4, cross_encoder=False)
     q.submit_embed(Embed(2, "r", texts=["a"]), [Seq([1])])
     (reply,) = run(q)
-    assert isinstance(reply, Failed) and reply.status == 500 and "boom" in reply.message
+    assert isinstance(reply, Failed) and reply.kind is ErrorKind.ENGINE and "boom" in reply.message
 
 
-def test_engines_declare_what_they_serve() -> None:
-    class Generator:  # says nothing: a text-generation engine
-        pass
+def test_every_registered_engine_declares_what_it_serves() -> None:
+    import importlib
+    import typing
 
-    class Embedder:
-        serves = (Embed, Rerank)
+    from protocol.wire import Generate, Logits
+    from workers.engines import ENGINES
 
-    assert not serves(Generator(), Embed(1, "r", texts=["x"]))
-    assert serves(Embedder(), Rerank(1, "r", "q", ["d"]))
+    declared = {}
+    for name, target in ENGINES.items():
+        module, _, factory = target.partition(":")
+        engine_class = typing.get_type_hints(getattr(importlib.import_module(module), factory))["return"]
+        declared[name] = engine_class.serves
+    assert declared == {"llama_cpp": (Generate, Logits), "llama_embed": (Embed, Rerank), "onnx": (Embed, Rerank),
+                        "fake": (Generate,)}  # fmt: skip
 
 
 @pytest.mark.parametrize(

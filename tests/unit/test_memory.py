@@ -51,8 +51,7 @@ def _gguf_header(path: Path, arch: str, pooling: int | None) -> str:
 
 
 def test_embedding_workers_are_estimated_with_the_kv_they_really_allocate(tmp_path: Path) -> None:
-    from gateway.supervisor.memory import embedding_kv_tokens, is_embedding_gguf
-    from protocol.embeddings import EMBED_BATCH_TOKENS
+    from gateway.supervisor.memory import EMBED_BATCH_TOKENS, embedding_kv_tokens, is_embedding_gguf
 
     bert = _gguf_header(tmp_path / "bert.gguf", "bert", 1)
     decoder = _gguf_header(tmp_path / "qwen.gguf", "qwen2", 3)  # a decoder embedder, last-token pooling

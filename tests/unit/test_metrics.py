@@ -8,15 +8,16 @@ import os
 from collections.abc import AsyncIterator
 from types import SimpleNamespace
 
+import psutil
 import pytest
 from prometheus_client import generate_latest
 
-from gateway.api.disconnect import ClientGone
-from gateway.api.relay import Completion, collect, merged, outcome_of, sse
+from gateway.api.relay import Completion, collect, merged, sse
 from gateway.chat.convert import Shape
 from gateway.chat.shape import ChoiceShaper
-from gateway.errors import WorkerDied
+from gateway.errors import ClientGone, WorkerDied
 from gateway.ops import metrics as metrics_mod
+from gateway.ops.accounting import Accounting, outcome_of
 from gateway.ops.metrics import Metrics
 from protocol.wire import Delta, Done
 
@@ -43,6 +44,7 @@ def fake_worker(inflight: int, parallel: int | None, pid: int | None = None, sta
         key=SimpleNamespace(model=M, slug=f"model.cpu.{inflight}"),
         ready_info=SimpleNamespace(parallel=parallel) if parallel is not None else None,
         inflight=inflight, pid=pid, status=status,
+        rss=lambda: psutil.Process(pid).memory_info().rss if pid else None,
     )  # fmt: skip
 
 
@@ -62,9 +64,7 @@ def test_recorder_moves_counters_and_histograms() -> None:
     m = Metrics(process=False)
     t = m.timer(M)
     t.first_token()
-    for n in range(1, 6):
-        t.token(n)
-    t.finish(20, None, "ok")  # None: use the count given to token()
+    t.finish(20, 5, "ok")
     t.finish(20, 5, "ok")  # a second exit does not count twice
     assert val(m, "llamacpp:prompt_tokens_total", model=M) == 20 == val(m, "vllm:prompt_tokens_total", model=M)
     assert val(m, "llamacpp:tokens_predicted_total", model=M) == 5 == val(m, "vllm:generation_tokens_total", model=M)
@@ -114,13 +114,13 @@ def test_scrape_time_gauges_from_the_pool() -> None:
 
 
 def test_worker_lifecycle_hooks() -> None:
-    before = {n: val(metrics_mod.METRICS, f"geniex:worker_{n}_total", model=M) for n in ("starts", "crashes", "evictions")}
-    metrics_mod.worker_started(M)
-    metrics_mod.worker_started(M)
-    metrics_mod.worker_crashed(M)
-    metrics_mod.worker_evicted(M)
-    after = {n: val(metrics_mod.METRICS, f"geniex:worker_{n}_total", model=M) for n in before}
-    assert {n: after[n] - before[n] for n in before} == {"starts": 2, "crashes": 1, "evictions": 1}
+    m = Metrics(process=False)
+    m.worker_started(M)
+    m.worker_started(M)
+    m.worker_crashed(M)
+    m.worker_evicted(M)
+    after = {n: val(m, f"geniex:worker_{n}_total", model=M) for n in ("starts", "crashes", "evictions")}
+    assert after == {"starts": 2, "crashes": 1, "evictions": 1}
 
 
 # ---- the relay's accounting --------------------------------------------------
@@ -140,7 +140,7 @@ def shapers() -> list[ChoiceShaper]:
 def accounted() -> tuple[Completion, Metrics, list[tuple[int, int]]]:
     m = Metrics(process=False)
     billed: list[tuple[int, int]] = []
-    return Completion(M, m.timer(M), lambda p, c: billed.append((p, c))), m, billed
+    return Completion(M, Accounting(m.timer(M), lambda p, c: billed.append((p, c)))), m, billed
 
 
 async def test_collect_settles_ok_once() -> None:

@@ -168,14 +168,14 @@ def test_import_local_rejects_non_gguf_and_bad_names(store: ModelStore, tmp_path
         store.import_local(tmp_path / "absent.gguf", "me/x:Q4_0")
     with pytest.raises(BadRequest, match="invalid model name"):
         store.import_local(fake_gguf(tmp_path / "ok.gguf"), "../escape:Q4_0")
-    assert [e.id for e in store.list()] == [BUNDLED.id]
+    assert [e.id for e in store.entries()] == [BUNDLED.id]
     assert not (store.data_dir / "models" / "me").exists()
 
 
 def test_import_replaces_same_precision_in_any_case(store: ModelStore, tmp_path: Path) -> None:
     add(store, tmp_path, "org/model:q4_0", size=64)
     add(store, tmp_path, "org/model:Q4_0", size=128)
-    (entry,) = [e for e in store.list() if e.org == "org"]
+    (entry,) = [e for e in store.entries() if e.org == "org"]
     assert entry.precision == "Q4_0" and entry.size == 128
     assert files_under(store.data_dir / "models" / "org") == ["model/manifest.json", "model/model.Q4_0.gguf"]
 
@@ -198,10 +198,10 @@ def test_list_is_sorted_and_rereads_disk(store: ModelStore, tmp_path: Path) -> N
     add(other, tmp_path, "zeta/model:Q4_0")
     add(other, tmp_path, "alpha/model:Q8_0")
     add(other, tmp_path, "alpha/model:F16")
-    ids = [e.id for e in store.list()]
+    ids = [e.id for e in store.entries()]
     assert ids == sorted(ids)
     assert set(ids) == {"Org/Bundled:Q4_1", "zeta/model:Q4_0", "alpha/model:Q8_0", "alpha/model:F16"}
-    assert [e.bundled for e in store.list() if e.id == BUNDLED.id] == [True]
+    assert [e.bundled for e in store.entries() if e.id == BUNDLED.id] == [True]
 
 
 def test_list_ignores_partials_and_broken_manifests(store: ModelStore, tmp_path: Path) -> None:
@@ -212,7 +212,7 @@ def test_list_ignores_partials_and_broken_manifests(store: ModelStore, tmp_path:
     broken.mkdir(parents=True)
     (broken / "manifest.json").write_text("{not json")
     fake_gguf(broken / "repo.Q4_0.gguf")
-    assert [e.id for e in store.list()] == ["Org/Bundled:Q4_1", "org/model:Q4_0"]
+    assert [e.id for e in store.entries()] == ["Org/Bundled:Q4_1", "org/model:Q4_0"]
 
 
 def test_manifest_is_written_last(store: ModelStore, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -224,7 +224,7 @@ def test_manifest_is_written_last(store: ModelStore, tmp_path: Path, monkeypatch
     monkeypatch.setattr(ModelStore, "_write_manifest", staticmethod(crash))
     with pytest.raises(OSError, match="disk full"):
         add(store, tmp_path, "org/model:Q4_0")
-    assert [e.id for e in store.list()] == [BUNDLED.id]
+    assert [e.id for e in store.entries()] == [BUNDLED.id]
     assert not (store.data_dir / "models/org/model/manifest.json").exists()
     with pytest.raises(ModelNotFound):
         store.resolve("org/model")
@@ -261,7 +261,7 @@ def test_concurrent_writers_lose_no_variant(store: ModelStore, tmp_path: Path) -
     precisions = ["Q2_K", "Q3_K_M", "Q4_0", "Q4_1", "Q4_K_M", "Q5_K_M", "Q6_K", "Q8_0", "F16", "BF16"]
     with ThreadPoolExecutor(len(precisions)) as pool:
         list(pool.map(lambda p: add(store, tmp_path, f"org/model:{p}"), precisions))
-    assert sorted(e.precision for e in store.list() if e.org == "org") == sorted(precisions)
+    assert sorted(e.precision for e in store.entries() if e.org == "org") == sorted(precisions)
 
 
 # ---------------------------------------------------------------- remove
@@ -272,7 +272,7 @@ def test_remove_variant(store: ModelStore, tmp_path: Path) -> None:
     q8 = add(store, tmp_path, "org/model:Q8_0")
     assert store.remove("org/model:q4_0") == [q4]
     assert not Path(q4.path).exists() and Path(q8.path).exists()
-    assert [e.id for e in store.list()] == [BUNDLED.id, "org/model:Q8_0"]
+    assert [e.id for e in store.entries()] == [BUNDLED.id, "org/model:Q8_0"]
     assert store.resolve("org/model") == q8
 
 
@@ -282,7 +282,7 @@ def test_remove_all_variants_removes_folders(store: ModelStore, tmp_path: Path) 
     removed = store.remove("org/model")
     assert sorted(e.id for e in removed) == ["org/model:Q4_0", "org/model:Q8_0"]
     assert not (store.data_dir / "models" / "org").exists()
-    assert [e.id for e in store.list()] == [BUNDLED.id]
+    assert [e.id for e in store.entries()] == [BUNDLED.id]
 
 
 def test_remove_bundled_is_refused(store: ModelStore) -> None:

@@ -55,11 +55,11 @@ def test_import_a_file_and_the_hf_onnx_layout(store: ModelStore, tmp_path: Path)
 
 
 def test_refusals(store: ModelStore, tmp_path: Path) -> None:
-    with pytest.raises(BadRequest, match="tokenizer.json"):
+    with pytest.raises(BadRequest, match=r"tokenizer\.json"):
         store.import_local(onnx_dir(tmp_path / "notok", tokenizer=False), "acme/NoTok")
     empty = tmp_path / "empty"
     empty.mkdir()
-    with pytest.raises(BadRequest, match="no .onnx"):
+    with pytest.raises(BadRequest, match=r"no \.onnx"):
         store.import_local(empty, "acme/Empty")
     two = onnx_dir(tmp_path / "two")
     (two / "other.onnx").write_bytes(b"x")
@@ -76,6 +76,6 @@ def test_refusals(store: ModelStore, tmp_path: Path) -> None:
 def test_reimport_replaces_and_rm_removes_the_folder(store: ModelStore, tmp_path: Path) -> None:
     first = store.import_local(onnx_dir(tmp_path / "a"), "acme/M:int8")
     second = store.import_local(onnx_dir(tmp_path / "b"), "acme/M:int8")
-    assert first.path == second.path and len(store.list()) == 1
+    assert first.path == second.path and len(store.entries()) == 1
     assert [e.id for e in store.remove("acme/M")] == ["acme/M:int8"]
-    assert not Path(first.path).exists() and store.list() == []
+    assert not Path(first.path).exists() and store.entries() == []

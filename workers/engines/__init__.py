@@ -7,44 +7,50 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Callable
-from typing import Protocol
+from typing import ClassVar, Protocol
 
-from protocol.wire import Embed, FromWorker, Generate, Logits, Ready, Rerank
+from protocol.wire import (
+    Embed,
+    ErrorKind,
+    Failed,
+    FromWorker,
+    Generate,
+    Logits,
+    Ready,
+    Rerank,
+)
 
 
 class EngineError(Exception):
-    """A request the engine refuses; `status` is the HTTP status it deserves."""
+    """A request the engine refuses (`kind` says why), or a failure of the engine itself."""
 
-    def __init__(self, message: str, *, status: int = 400, code: str | None = None) -> None:
+    def __init__(self, message: str, *, kind: ErrorKind = ErrorKind.BAD_REQUEST, code: str | None = None) -> None:
         super().__init__(message)
         self.message = message
-        self.status = status
+        self.kind = kind
         self.code = code
+
+    def failed(self, req_id: int) -> Failed:
+        return Failed(req_id, self.kind, self.message, self.code)
 
 
 Emit = Callable[[FromWorker], None]
+Request = Generate | Logits | Embed | Rerank  # what an engine may be asked to do
 
 # What each request kind asks of an engine, as a refusal names it.
 TASKS: dict[type, str] = {Generate: "text generation", Logits: "logits", Embed: "embeddings", Rerank: "reranking"}
-# The kinds an engine serves when it does not say (`Engine.serves`): the text-generation engines.
-DEFAULT_SERVES: tuple[type, ...] = (Generate, Logits)
-
-
-def serves(engine: object, request: object) -> bool:
-    """Whether `engine` takes this kind of request (its `serves` tuple, else DEFAULT_SERVES)."""
-    return type(request) in getattr(engine, "serves", DEFAULT_SERVES)
 
 
 class Engine(Protocol):
-    # Optional class attribute `serves`: the request kinds (Generate, Logits, Embed, Rerank) that
-    # `submit` accepts; the worker answers any other kind with a 400 before it reaches `submit`.
+    # The request kinds `submit` accepts; the worker refuses any other kind before it reaches `submit`.
+    serves: ClassVar[tuple[type[Request], ...]]
 
     def ready(self) -> Ready:
         """Facts about the loaded model, sent once as the worker's first message."""
         ...
 
-    def submit(self, req: Generate) -> None:
-        """Queue a request; raise EngineError for one that can never be served."""
+    def submit(self, req: Request) -> None:
+        """Queue a request of a kind in `serves`; raise EngineError for one that can never be served."""
         ...
 
     def cancel(self, req_id: int, emit: Emit) -> None:
@@ -55,10 +61,6 @@ class Engine(Protocol):
 
     def step(self, emit: Emit) -> None:
         """Advance every running request by one decode step, emitting Delta/Done/Failed."""
-        ...
-
-    def stats(self) -> tuple[int, int, int]:
-        """(running, waiting, tokens generated since start)."""
         ...
 
     def set_threads(self, n: int) -> None:
@@ -81,21 +83,24 @@ class EngineOptions(Protocol):
     parallel: int
     threads: int
     stream_interval_ms: int  # 0: send each token's text as it comes
+    batch_tokens: int  # an embedding engine's tokens per decode (0: its default)
 
 
 # name -> "module:factory"; the factory takes EngineOptions and returns a loaded Engine.
 ENGINES: dict[str, str] = {
     # A GGUF: text generation, or embeddings/reranking when the gateway's read of its header
-    # says so (gateway/memory.py: is_embedding_gguf).
+    # says so (gateway/supervisor/memory.py: is_embedding_gguf).
     "llama_cpp": "workers.engines.llama.engine:load",
     "llama_embed": "workers.engines.llama_embed:load",
     "onnx": "workers.engines.onnx:load",
+    # Behaves as its JSON "model file" says (delays, crashes, hangs): tests of the supervision.
+    "fake": "workers.engines.fake:load",
 }
 
 
 def load_engine(name: str, options: EngineOptions) -> Engine:
     target = ENGINES.get(name)
     if target is None:
-        raise EngineError(f"unknown engine {name!r}; known: {', '.join(sorted(ENGINES))}", status=500)
+        raise EngineError(f"unknown engine {name!r}; known: {', '.join(sorted(ENGINES))}", kind=ErrorKind.ENGINE)
     module, _, factory = target.partition(":")
     return getattr(importlib.import_module(module), factory)(options)

@@ -13,16 +13,13 @@ whole sequences as fit one batch (encoders need a whole sequence in one ubatch),
 from __future__ import annotations
 
 import ctypes
-import os
 import time
 
 import llama_cpp as L
 import numpy as np
-import psutil
 import structlog
 
-from protocol.embeddings import EMBED_BATCH_TOKENS
-from protocol.wire import PROTOCOL_VERSION, Embed, Ready, Rerank
+from protocol.wire import Embed, ErrorKind, Ready, Rerank
 from workers.embedding_jobs import (
     EmbeddingQueue,
     QueuedEngine,
@@ -32,12 +29,20 @@ from workers.embedding_jobs import (
     pool,
 )
 from workers.engines import EngineError, EngineOptions
-from workers.engines.llama_runtime import init_backend
-from workers.engines.thread_governor import ThreadGovernor
+from workers.engines.llama_runtime import (
+    Threads,
+    default_threads,
+    gpu_layers,
+    init_backend,
+    load_model,
+    put,
+    ready,
+    tokenize,
+)
 
 log = structlog.get_logger("worker.llama_embed")
 
-BATCH_TOKENS = EMBED_BATCH_TOKENS  # tokens per decode (and the longest input, if the model reads more)
+BATCH_TOKENS = 2048  # tokens per decode (and the longest input) unless the gateway says (--batch-tokens)
 MAX_SEQS = 64  # sequences per decode
 POOLING_NAMES = {L.LLAMA_POOLING_TYPE_NONE: "none", L.LLAMA_POOLING_TYPE_MEAN: "mean",
                  L.LLAMA_POOLING_TYPE_CLS: "cls", L.LLAMA_POOLING_TYPE_LAST: "last",
@@ -53,20 +58,16 @@ class LlamaEmbedEngine(QueuedEngine):
     def __init__(self, opts: EngineOptions) -> None:
         t0 = time.perf_counter()
         init_backend()
-        mparams = L.llama_model_default_params()
-        mparams.n_gpu_layers = (999 if opts.ngl < 0 else opts.ngl) if opts.compute == "gpu" else 0
-        model = L.llama_model_load_from_file(opts.model_path.encode(), mparams)
-        if not model:
-            raise EngineError(f"llama.cpp could not load {opts.model_path}", status=500)
+        model = load_model(opts.model_path, gpu_layers(opts.compute, opts.ngl))
         self.model = model
         self.compute = opts.compute
         self.vocab = L.llama_model_get_vocab(model)
         self.n_vocab = L.llama_vocab_n_tokens(self.vocab)
         self.n_ctx_train = L.llama_model_n_ctx_train(model)
-        self.max_len = max(1, min(self.n_ctx_train or BATCH_TOKENS, opts.nctx or BATCH_TOKENS, BATCH_TOKENS))
-        self.n_batch = max(self.max_len, min(BATCH_TOKENS, self.max_len * MAX_SEQS))
-        self.threads = self.max_threads = opts.threads or psutil.cpu_count(logical=False) or os.cpu_count() or 1
-        self.governor = ThreadGovernor(self.threads)
+        batch = opts.batch_tokens or BATCH_TOKENS
+        self.max_len = max(1, min(self.n_ctx_train or batch, opts.nctx or batch, batch))
+        self.n_batch = max(self.max_len, min(batch, self.max_len * MAX_SEQS))
+        threads = default_threads(opts.threads)
 
         cparams = L.llama_context_default_params()
         cparams.embeddings = True
@@ -76,13 +77,14 @@ class LlamaEmbedEngine(QueuedEngine):
         cparams.n_ubatch = self.n_batch  # an encoder needs each sequence whole in one ubatch
         cparams.n_seq_max = MAX_SEQS
         cparams.kv_unified = True  # decoder embedders: the batch's sequences share one cache, cleared per batch
-        cparams.n_threads = cparams.n_threads_batch = self.threads
+        cparams.n_threads = cparams.n_threads_batch = threads
         cparams.no_perf = True
         ctx = L.llama_init_from_model(model, cparams)
         if not ctx:
             L.llama_model_free(model)
-            raise EngineError("llama.cpp could not create an embedding context", status=500)
+            raise EngineError("llama.cpp could not create an embedding context", kind=ErrorKind.ENGINE)
         self.ctx = ctx
+        self.threads = Threads(threads, lambda: [self.ctx])
         self.mem = L.llama_get_memory(ctx)
         self.pooling = L.llama_pooling_type(ctx)
         self.cross_encoder = self.pooling == L.LLAMA_POOLING_TYPE_RANK
@@ -105,15 +107,7 @@ class LlamaEmbedEngine(QueuedEngine):
     # ---- tokens --------------------------------------------------------------
 
     def _tokenize(self, text: str, add_special: bool, parse_special: bool = False) -> list[int]:
-        raw = text.encode()
-        cap = len(raw) + 8
-        for _ in range(2):
-            buf = (L.llama_token * cap)()
-            n = L.llama_tokenize(self.vocab, raw, len(raw), buf, cap, add_special, parse_special)
-            if n >= 0:
-                return list(buf[:n])
-            cap = -n  # too small: llama.cpp says how many it needs
-        raise EngineError("llama.cpp could not tokenize the input", status=500)
+        return tokenize(self.vocab, text, add_special=add_special, parse_special=parse_special)
 
     def _pair(self, query: str, doc: str) -> list[int]:
         """A (query, document) input as llama-server builds it for a reranker."""
@@ -155,21 +149,16 @@ class LlamaEmbedEngine(QueuedEngine):
         n = 0
         for s_id, s in enumerate(seqs):
             for pos, tok in enumerate(s.ids):
-                b.token[n] = tok
-                b.pos[n] = pos
-                b.n_seq_id[n] = 1
-                b.seq_id[n][0] = s_id
-                b.logits[n] = True
-                n += 1
+                n = put(b, n, tok, pos, s_id)
         b.n_tokens = n
         if self.mem:
             L.llama_memory_clear(self.mem, True)
-        self._use_threads(self.governor.threads_for_step())
+        self.threads.before_step()
         t0 = time.perf_counter()
         rc = L.llama_decode(self.ctx, b)
-        self.governor.after_step(n, time.perf_counter() - t0)
+        self.threads.after_step(n, time.perf_counter() - t0)
         if rc != 0:
-            raise EngineError(f"llama_decode failed with status {rc}", status=500)
+            raise EngineError(f"llama_decode failed with status {rc}", kind=ErrorKind.ENGINE)
         rows = np.empty((len(seqs), self.width), dtype=np.float32)
         if self.pooling == L.LLAMA_POOLING_TYPE_NONE:  # token vectors: mean-pool them here
             first = 0
@@ -183,33 +172,19 @@ class LlamaEmbedEngine(QueuedEngine):
             rows[i] = self._floats(L.llama_get_embeddings_seq(self.ctx, i))
         return rows
 
-    def _floats(self, ptr: ctypes._Pointer) -> np.ndarray:  # type: ignore[type-arg]
+    def _floats(self, ptr: ctypes._Pointer[ctypes.c_float]) -> np.ndarray:
         if not ptr:
-            raise EngineError("llama.cpp returned no embedding for a sequence", status=500)
+            raise EngineError("llama.cpp returned no embedding for a sequence", kind=ErrorKind.ENGINE)
         return np.ctypeslib.as_array(ptr, shape=(self.width,)).copy()
 
     # ---- Engine interface --------------------------------------------------
 
     def ready(self) -> Ready:
-        desc = ctypes.create_string_buffer(256)
-        L.llama_model_desc(self.model, desc, 256)
         kind = "cross-encoder" if self.cross_encoder else "embedding"
-        return Ready(
-            protocol_version=PROTOCOL_VERSION,
-            pid=os.getpid(),
-            engine=self.name,
-            compute=self.compute,
-            n_ctx=self.max_len,
-            n_ctx_train=self.n_ctx_train,
-            n_vocab=self.n_vocab,
-            parallel=1,
-            model_bytes=L.llama_model_size(self.model),
-            load_seconds=round(self.load_seconds, 3),
-            description=f"{desc.value.decode(errors='replace')} ({kind}, pooling "
-            f"{POOLING_NAMES.get(self.pooling, self.pooling)})",
-            provider="llama.cpp",
-            n_embd=0 if self.cross_encoder else self.width,
-        )
+        return ready(self.model, engine=self.name, compute=self.compute, n_ctx=self.max_len, parallel=1,
+                     load_seconds=self.load_seconds,
+                     description=f"{kind}, pooling {POOLING_NAMES.get(self.pooling, self.pooling)}",
+                     provider="llama.cpp", n_embd=0 if self.cross_encoder else self.width)  # fmt: skip
 
     def submit(self, req: Embed | Rerank) -> None:
         if isinstance(req, Embed):
@@ -231,16 +206,10 @@ class LlamaEmbedEngine(QueuedEngine):
         self.queue.submit_rerank(req, seqs)
 
     def set_threads(self, n: int) -> None:
-        self.governor.set_cap(min(n, self.max_threads))
-        self._use_threads(self.governor.threads)
+        self.threads.set_share(n)
 
     def idle(self) -> None:
-        self.governor.idle()
-
-    def _use_threads(self, n: int) -> None:
-        if n != self.threads:
-            L.llama_set_n_threads(self.ctx, n, n)
-            self.threads = n
+        self.threads.idle()
 
     def close(self) -> None:
         L.llama_batch_free(self.batch)

@@ -1,13 +1,22 @@
-"""The one way this worker starts llama.cpp and creates a context: a KV stream per sequence slot."""
+"""What both llama.cpp engines (chat and embeddings) and the draft model share: starting
+llama.cpp, loading a model under the `ngl` rule, contexts, tokens, batch rows, the facts a
+`Ready` reports, and the thread count the governor chooses for the contexts of one worker."""
 
 from __future__ import annotations
 
 import ctypes
 import os
+from collections.abc import Callable, Iterable
 
 import llama_cpp as L
+import psutil
+import structlog
 
+from protocol.wire import PROTOCOL_VERSION, ErrorKind, Ready
 from workers.engines import EngineError
+from workers.engines.thread_governor import ThreadGovernor
+
+log = structlog.get_logger("worker.llama")
 
 
 @L.llama_log_callback
@@ -22,9 +31,33 @@ def init_backend() -> None:
     L.llama_log_set(_silent_log, ctypes.c_void_p(0))
 
 
+def gpu_layers(compute: str, ngl: int) -> int:
+    """The `ngl` rule: layers offload only when the worker runs on the GPU; -1 means all of them."""
+    if compute != "gpu":
+        return 0
+    return 999 if ngl < 0 else ngl
+
+
+def load_model(path: str, n_gpu_layers: int, *, field: str = "") -> ctypes.c_void_p:
+    """The model at `path`. A model a request named (`field`) that cannot load is that request's
+    fault (400); the worker's own model failing is the engine's (500)."""
+    mparams = L.llama_model_default_params()
+    mparams.n_gpu_layers = n_gpu_layers
+    model = L.llama_model_load_from_file(path.encode(), mparams)
+    if not model:
+        if field:
+            raise EngineError(f"`{field}`: llama.cpp could not load {path} as a model")
+        raise EngineError(f"llama.cpp could not load {path}", kind=ErrorKind.ENGINE)
+    return model
+
+
+def default_threads(threads: int) -> int:
+    return threads or psutil.cpu_count(logical=False) or os.cpu_count() or 1
+
+
 def slot_context(model: ctypes.c_void_p, *, nctx: int, parallel: int, n_batch: int, threads: int,
                  what: str = "context") -> ctypes.c_void_p:  # fmt: skip
-    """A context of `parallel` sequences of `nctx` tokens each (kv_unified=False: see llama.py)."""
+    """A context of `parallel` sequences of `nctx` tokens each (kv_unified=False: see llama/engine.py)."""
     cparams = L.llama_context_default_params()
     cparams.n_ctx = nctx * parallel
     cparams.n_batch = n_batch
@@ -37,5 +70,105 @@ def slot_context(model: ctypes.c_void_p, *, nctx: int, parallel: int, n_batch: i
     ctx = L.llama_init_from_model(model, cparams)
     if not ctx:
         L.llama_model_free(model)
-        raise EngineError(f"llama.cpp could not create a {what} of {cparams.n_ctx} tokens", status=500)
+        raise EngineError(f"llama.cpp could not create a {what} of {cparams.n_ctx} tokens", kind=ErrorKind.ENGINE)
     return ctx
+
+
+def put(batch: L.llama_batch, row: int, token: int, pos: int, seq: int, logits: bool = True) -> int:
+    """Fill one row of `batch` (every field: llama_batch_init leaves them uninitialised); the next row."""
+    batch.token[row] = token
+    batch.pos[row] = pos  # type: ignore[call-overload]  # the bindings type this int32 array as an array of arrays
+    batch.n_seq_id[row] = 1
+    batch.seq_id[row][0] = seq
+    batch.logits[row] = logits
+    return row + 1
+
+
+def tokenize(vocab: ctypes.c_void_p, text: str, *, add_special: bool, parse_special: bool = True) -> list[int]:
+    raw = text.encode()
+    cap = len(raw) + 8
+    for _ in range(2):
+        buf = (L.llama_token * cap)()
+        n = L.llama_tokenize(vocab, raw, len(raw), buf, cap, add_special, parse_special)
+        if n >= 0:
+            return list(buf[:n])
+        cap = -n  # too small: llama.cpp says how many it needs
+    raise EngineError("llama.cpp could not tokenize the input", kind=ErrorKind.ENGINE)
+
+
+def piece(vocab: ctypes.c_void_p, token: int, special: bool = True, buf: ctypes.Array[ctypes.c_char] | None = None) -> bytes:
+    """The bytes of one token (empty for a negative id); `buf` saves an allocation per token."""
+    if token < 0:
+        return b""
+    buf = buf or ctypes.create_string_buffer(256)
+    n = L.llama_token_to_piece(vocab, token, buf, len(buf), 0, special)
+    if n < 0:
+        buf = ctypes.create_string_buffer(-n)
+        n = L.llama_token_to_piece(vocab, token, buf, -n, 0, special)
+    return buf.raw[: max(n, 0)]
+
+
+def meta(model: ctypes.c_void_p, key: str) -> str | None:
+    buf = ctypes.create_string_buffer(1 << 16)
+    n = L.llama_model_meta_val_str(model, key.encode(), buf, len(buf))
+    if n < 0:
+        return None
+    if n >= len(buf):
+        buf = ctypes.create_string_buffer(n + 1)
+        L.llama_model_meta_val_str(model, key.encode(), buf, len(buf))
+    return buf.value.decode(errors="replace")
+
+
+def ready(model: ctypes.c_void_p, *, engine: str, compute: str, n_ctx: int, parallel: int, load_seconds: float,
+          description: str = "", **facts: object) -> Ready:  # fmt: skip
+    """What a llama.cpp worker says of itself first: the model's own facts, and the engine's."""
+    desc = ctypes.create_string_buffer(256)
+    L.llama_model_desc(model, desc, 256)
+    base = desc.value.decode(errors="replace")
+    return Ready(
+        protocol_version=PROTOCOL_VERSION,
+        pid=os.getpid(),
+        engine=engine,
+        compute=compute,
+        n_ctx=n_ctx,
+        n_ctx_train=L.llama_model_n_ctx_train(model),
+        n_vocab=L.llama_vocab_n_tokens(L.llama_model_get_vocab(model)),
+        parallel=parallel,
+        model_bytes=L.llama_model_size(model),
+        load_seconds=round(load_seconds, 3),
+        description=f"{base} ({description})" if description else base,
+        **facts,  # type: ignore[arg-type]  # the engine's own Ready fields
+    )
+
+
+class Threads:
+    """The thread count of a worker's llama.cpp contexts: at most the gateway's share (`SetThreads`),
+    fewer while other programs keep cores busy (the governor)."""
+
+    def __init__(self, threads: int, contexts: Callable[[], Iterable[ctypes.c_void_p]]) -> None:
+        self.n = self.max = threads
+        self.governor = ThreadGovernor(threads)
+        self._contexts = contexts
+
+    def set_share(self, n: int) -> None:
+        cap = min(max(1, n), self.max)
+        if cap != self.governor.cap:
+            log.info("thread share changed", cap=cap, old_cap=self.governor.cap)
+        self.governor.set_cap(cap)
+        self._use(self.governor.threads)
+
+    def idle(self) -> None:
+        self.governor.idle()
+
+    def before_step(self) -> None:
+        self._use(self.governor.threads_for_step())
+
+    def after_step(self, tokens: int, seconds: float) -> None:
+        self.governor.after_step(tokens, seconds)
+
+    def _use(self, n: int) -> None:
+        if n != self.n:
+            for ctx in self._contexts():
+                L.llama_set_n_threads(ctx, n, n)
+            log.debug("threads changed", old=self.n, new=n, cap=self.governor.cap, others_busy=round(self.governor.others, 2))
+            self.n = n

@@ -39,7 +39,7 @@ import psutil
 import structlog
 from tokenizers import Tokenizer
 
-from protocol.wire import PROTOCOL_VERSION, Embed, Ready, Rerank
+from protocol.wire import PROTOCOL_VERSION, Embed, ErrorKind, Ready, Rerank
 from workers.embedding_jobs import (
     EmbeddingQueue,
     QueuedEngine,
@@ -124,13 +124,13 @@ def register_qnn() -> list[Any]:
     try:
         import onnxruntime_qnn
     except ImportError:
-        raise EngineError("compute npu needs the onnxruntime-qnn package, which is not installed", status=500) from None
+        raise EngineError("compute npu needs the onnxruntime-qnn package, which is not installed", kind=ErrorKind.ENGINE) from None
     if not _qnn_registered:
         ort.register_execution_provider_library(QNN, onnxruntime_qnn.get_library_path())
         _qnn_registered = True
     devices = [d for d in ort.get_ep_devices() if d.ep_name == QNN]
     if not devices:
-        raise EngineError("onnxruntime-qnn is installed but reports no QNN device", status=500)
+        raise EngineError("onnxruntime-qnn is installed but reports no QNN device", kind=ErrorKind.ENGINE)
     return devices
 
 
@@ -146,10 +146,10 @@ class OnnxEngine(QueuedEngine):
         t0 = time.perf_counter()
         self.folder, self.model_file = model_files(opts.model_path)
         if not self.model_file.is_file():
-            raise EngineError(f"{self.model_file} does not exist", status=500)
+            raise EngineError(f"{self.model_file} does not exist", kind=ErrorKind.ENGINE)
         tok_file = self.folder / "tokenizer.json"
         if not tok_file.is_file():
-            raise EngineError(f"{tok_file} does not exist: an ONNX model needs its tokenizer.json", status=500)
+            raise EngineError(f"{tok_file} does not exist: an ONNX model needs its tokenizer.json", kind=ErrorKind.ENGINE)
         self.tokenizer = Tokenizer.from_file(str(tok_file))
         padding = self.tokenizer.padding
         self.pad_id = padding["pad_id"] if padding else self.tokenizer.token_to_id("[PAD]") or 0
@@ -278,7 +278,7 @@ class OnnxEngine(QueuedEngine):
         for name in (*HIDDEN_OUTPUTS, *outputs):
             if name in outputs and len(outputs[name].shape) in (2, 3):
                 return name, False
-        raise EngineError(f"no output of this ONNX model is an embedding or a score: {list(outputs)}", status=500)
+        raise EngineError(f"no output of this ONNX model is an embedding or a score: {list(outputs)}", kind=ErrorKind.ENGINE)
 
     # ---- forward -----------------------------------------------------------
 

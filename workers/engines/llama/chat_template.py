@@ -47,6 +47,8 @@ class ChatTemplate:
         # which would show a model `{"arguments": ..., "name": ...}` calls it never saw).
         env.filters["tojson"] = _tojson
         self._template = env.from_string(source or FALLBACK_TEMPLATE)
+        # Without tool support of its own the template gets TOOLS_PROMPT, which teaches Hermes.
+        self.tool_format = tool_call_format(source) if self.supports_tools else "hermes"
         self.bos_token = bos_token
         self.eos_token = eos_token
 
@@ -69,6 +71,23 @@ class ChatTemplate:
             raise
         except jinja2.TemplateError as exc:
             raise TemplateError(f"chat template failed: {exc}") from exc
+
+
+# The markup each tool-call syntax uses, as a tool-aware template spells it out to the model.
+TOOL_FORMAT_MARKERS = {"hermes": "<tool_call>", "mistral": "[TOOL_CALLS]", "llama3": "<|python_tag|>"}
+
+
+def opens_reasoning(prompt: str) -> bool:
+    """The rendered prompt ends inside a `<think>` block it opened (the template forces thinking on)."""
+    return prompt.rstrip().endswith("<think>")
+
+
+def tool_call_format(source: str | None) -> str:
+    """The tool-call syntax a chat template teaches its model, or "" when it names none."""
+    for name, marker in TOOL_FORMAT_MARKERS.items():
+        if source and marker in source:
+            return name
+    return ""
 
 
 def _tojson(value: Any, indent: int | None = None) -> Markup:

@@ -25,7 +25,7 @@ import structlog
 from protocol.wire import Speculation
 from workers.engines import EngineError
 from workers.engines.llama.drafters import Drafter
-from workers.engines.llama_runtime import slot_context
+from workers.engines.llama_runtime import load_model, piece, put, slot_context
 
 log = structlog.get_logger("worker.draft")
 
@@ -50,11 +50,7 @@ class SpecState:
 
 class DraftModel:
     def __init__(self, path: str, *, n_gpu_layers: int, nctx: int, parallel: int, threads: int, n_batch: int) -> None:
-        mparams = L.llama_model_default_params()
-        mparams.n_gpu_layers = n_gpu_layers
-        model = L.llama_model_load_from_file(path.encode(), mparams)
-        if not model:
-            raise EngineError(f"`spec_draft_model`: llama.cpp could not load {path} as a model")
+        model = load_model(path, n_gpu_layers, field="spec_draft_model")
         self.path = path
         self.model = model
         self.vocab = L.llama_model_get_vocab(model)
@@ -74,7 +70,7 @@ class DraftModel:
         probes = {*_PROBE_IDS, self.n_vocab // 2, self.n_vocab - 1,
                   L.llama_vocab_bos(target_vocab), L.llama_vocab_eos(target_vocab)}  # fmt: skip
         for tok in sorted(t for t in probes if 0 <= t < self.n_vocab):
-            a, b = _piece(target_vocab, tok), _piece(self.vocab, tok)
+            a, b = piece(target_vocab, tok), piece(self.vocab, tok)
             if a != b:
                 raise EngineError(f"`spec_draft_model`: {name} has a different vocabulary from the target "
                                   f"(token {tok} is {b!r} there, {a!r} here); a draft model must share the "
@@ -99,7 +95,7 @@ class DraftModel:
         while active:
             b = self.batch
             for row, (seq, _, spec, tok) in enumerate(active):
-                _put(b, row, tok, pos_of[id(spec)], seq)
+                put(b, row, tok, pos_of[id(spec)], seq)
             b.n_tokens = len(active)
             if L.llama_decode(self.ctx, b) != 0:
                 self._give_up([j[2] for j in active], [j[0] for j in active])
@@ -131,13 +127,13 @@ class DraftModel:
                     if L.llama_decode(self.ctx, b) != 0:
                         return self._give_up([j[3] for j in jobs], [j[0] for j in jobs])
                     n = 0
-                _put(b, n, history[pos], pos, seq, logits=False)
+                put(b, n, history[pos], pos, seq, logits=False)
                 n += 1
         if n:
             b.n_tokens = n
             if L.llama_decode(self.ctx, b) != 0:
                 return self._give_up([j[3] for j in jobs], [j[0] for j in jobs])
-        for seq, history, spec in pending:
+        for _seq, history, spec in pending:
             spec.d_past = len(history) - 1
         return True
 
@@ -176,17 +172,3 @@ class DraftModel:
         L.llama_batch_free(self.batch)
         L.llama_free(self.ctx)
         L.llama_model_free(self.model)
-
-
-def _put(b: L.llama_batch, row: int, token: int, pos: int, seq: int, logits: bool = True) -> None:
-    b.token[row] = token
-    b.pos[row] = pos
-    b.n_seq_id[row] = 1
-    b.seq_id[row][0] = seq
-    b.logits[row] = logits
-
-
-def _piece(vocab: ctypes.c_void_p, token: int) -> bytes:
-    buf = ctypes.create_string_buffer(256)
-    n = L.llama_token_to_piece(vocab, token, buf, len(buf), 0, True)
-    return buf.raw[: max(n, 0)]

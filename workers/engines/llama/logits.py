@@ -8,8 +8,9 @@ from dataclasses import dataclass
 import llama_cpp as L
 import numpy as np
 
-from protocol.wire import LogitRows, Logits
+from protocol.wire import ErrorKind, LogitRows, Logits
 from workers.engines import EngineError
+from workers.engines.llama_runtime import put
 
 # Rows per llama_decode when every row is wanted: llama.cpp keeps an output buffer of
 # rows x vocab floats (49k for SmolLM2), so 512 rows would pin ~100 MB per context.
@@ -51,15 +52,11 @@ class LogitsJob:
         for start in range(0, len(ids), step):
             chunk = ids[start : start + step]
             for j, tok in enumerate(chunk):
-                batch.token[j] = tok
-                batch.pos[j] = start + j
-                batch.n_seq_id[j] = 1
-                batch.seq_id[j][0] = seq
-                batch.logits[j] = not last_only or start + j == len(ids) - 1
+                put(batch, j, tok, start + j, seq, not last_only or start + j == len(ids) - 1)
             batch.n_tokens = len(chunk)
             rc = L.llama_decode(ctx, batch)
             if rc != 0:
-                raise EngineError(f"llama_decode failed with status {rc}", status=500)
+                raise EngineError(f"llama_decode failed with status {rc}", kind=ErrorKind.ENGINE)
             n_out = 1 if last_only else len(chunk)
             if last_only and start + step < len(ids):
                 continue

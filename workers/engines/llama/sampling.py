@@ -15,7 +15,7 @@ import ctypes
 import llama_cpp as L
 import numpy as np
 
-from protocol.wire import Generate, Sampling
+from protocol.wire import ErrorKind, Generate, Sampling
 from workers.engines import EngineError
 from workers.engines.llama.grammar import grammar_sampler
 
@@ -58,7 +58,7 @@ class Sampler:
             L.llama_sampler_apply(self.grammar, ctypes.byref(arr))
         L.llama_sampler_apply(self.chain, ctypes.byref(arr))
         if arr.selected < 0:
-            raise EngineError("the sampler chose no token", status=500)
+            raise EngineError("the sampler chose no token", kind=ErrorKind.ENGINE)
         return int(arr.data[arr.selected].id)
 
     def free(self) -> None:
@@ -92,7 +92,7 @@ def _chain(s: Sampling, logit_bias: list[tuple[int, float]], n_vocab: int) -> ct
     chain = L.llama_sampler_chain_init(params)
     add = L.llama_sampler_chain_add
     if logit_bias:
-        biases = (L.llama_logit_bias * len(logit_bias))(*logit_bias)
+        biases = (L.llama_logit_bias * len(logit_bias))(*logit_bias)  # type: ignore[misc]  # ctypes makes each (id, bias) a struct
         add(chain, L.llama_sampler_init_logit_bias(n_vocab, len(logit_bias), biases))
     if s.repeat_penalty != 1.0 or s.frequency_penalty or s.presence_penalty:
         add(chain, L.llama_sampler_init_penalties(

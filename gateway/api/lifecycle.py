@@ -1,4 +1,5 @@
-"""Graceful shutdown as a load balancer sees it.
+"""The server's lifecycle as probes and load balancers see it: ready once preloading is done,
+and a graceful drain on shutdown.
 
 On SIGTERM the server keeps listening while requests are in flight (up to --drain-timeout):
 `/ready` answers 503, new work is refused with 503 and `Retry-After`, and everything already
@@ -9,9 +10,10 @@ from __future__ import annotations
 
 import asyncio
 import time
+from typing import cast
 
 import msgspec
-from litestar.types import ASGIApp, Receive, Scope, Send
+from litestar.types import ASGIApp, HTTPResponseBodyEvent, HTTPResponseStartEvent, HTTPScope, Receive, Scope, Send
 
 from gateway.api.request_id import current_request_id
 from protocol.errors import ErrorResponse
@@ -20,8 +22,9 @@ from protocol.errors import ErrorResponse
 OPEN_PATHS = ("/health", "/ready", "/metrics")
 
 
-class Drain:
+class Lifecycle:
     def __init__(self) -> None:
+        self.ready = False  # preloading done; /ready answers 200
         self.draining = False
         self.inflight = 0
 
@@ -33,24 +36,32 @@ class Drain:
 
 
 class DrainMiddleware:
-    def __init__(self, app: ASGIApp, drain: Drain) -> None:
+    def __init__(self, app: ASGIApp, lifecycle: Lifecycle) -> None:
         self.app = app
-        self.drain = drain
+        self.drain = lifecycle
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope["path"] in OPEN_PATHS:
             await self.app(scope, receive, send)
             return
-        if self.drain.draining and scope["method"] != "GET":
-            body = msgspec.json.encode(ErrorResponse(error="the server is shutting down; retry on another instance "
-                                                           "or in a moment", request_id=current_request_id()))  # fmt: skip
-            await send({"type": "http.response.start", "status": 503,
-                        "headers": [(b"content-type", b"application/json"), (b"retry-after", b"5"),
-                                    (b"connection", b"close")]})  # fmt: skip
-            await send({"type": "http.response.body", "body": body})
+        if self.drain.draining and cast("HTTPScope", scope)["method"] != "GET":
+            await _refuse(send)
             return
         self.drain.inflight += 1
         try:
             await self.app(scope, receive, send)
         finally:
             self.drain.inflight -= 1
+
+
+async def _refuse(send: Send) -> None:
+    body = msgspec.json.encode(ErrorResponse(error="the server is shutting down; retry on another instance "
+                                                   "or in a moment", request_id=current_request_id()))  # fmt: skip
+    start: HTTPResponseStartEvent = {
+        "type": "http.response.start",
+        "status": 503,
+        "headers": [(b"content-type", b"application/json"), (b"retry-after", b"5"), (b"connection", b"close")],
+    }
+    await send(start)
+    end: HTTPResponseBodyEvent = {"type": "http.response.body", "body": body, "more_body": False}
+    await send(end)

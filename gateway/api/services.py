@@ -1,0 +1,54 @@
+"""What every handler may use, typed: the long-lived objects the app owns, and the one way a
+request finds its worker and its accounting.
+
+Handlers receive a `Services` by dependency injection (`services: Services`), never by reading
+untyped `app.state` attributes.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import structlog
+from litestar.datastructures import State
+
+from gateway.api.lifecycle import Lifecycle
+from gateway.models.store import ModelEntry, ModelStore
+from gateway.ops.accounting import Accounting
+from gateway.ops.ledger import Ledger
+from gateway.ops.metrics import Metrics
+from gateway.ops.settings import Settings
+from gateway.supervisor.handle import WorkerHandle
+from gateway.supervisor.pool import WorkerPool
+
+
+@dataclass(frozen=True, slots=True)
+class Services:
+    settings: Settings
+    store: ModelStore
+    pool: WorkerPool
+    ledger: Ledger
+    metrics: Metrics
+    lifecycle: Lifecycle
+
+    def accounting(self, model: str, authorization: str | None, user: str | None) -> Accounting:
+        """A request's metrics and ledger entry; made once the model is resolved, so the `model`
+        label is always a known id."""
+        timer = self.metrics.timer(model, time.perf_counter())
+        return Accounting(timer, self.ledger.recorder(model, authorization, user))
+
+    async def worker(self, entry: ModelEntry, *, nctx: int | None = None, compute: str | None = None,
+                     ngl: int | None = None, keep_alive: float | None = None) -> WorkerHandle:  # fmt: skip
+        """The worker for this model and these per-request settings, started if need be; the
+        request's log lines name it from here on."""
+        worker = await self.pool.get(self.pool.key_for(entry, nctx, compute, ngl), entry)
+        structlog.contextvars.bind_contextvars(model=entry.id, worker_pid=worker.pid)
+        if keep_alive is not None:
+            worker.keepalive = keep_alive
+        return worker
+
+
+def provide_services(state: State) -> Services:
+    services: Services = state.services
+    return services

@@ -1,0 +1,64 @@
+"""One request's bookkeeping: its metrics and its usage-ledger entry, settled exactly once.
+
+Every endpoint that runs a model (chat, text completions, embeddings, reranking, logits) counts
+through an `Accounting`, whichever way the request ends: answered, failed, or left by its client.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
+
+import structlog
+
+from gateway.errors import ClientGone
+from gateway.ops.metrics import RequestTimer
+
+log = structlog.get_logger("gateway.accounting")
+
+T = TypeVar("T")
+Record = Callable[[int, int], None]  # (prompt_tokens, completion_tokens) -> the usage ledger
+
+
+def outcome_of(exc: BaseException) -> str:
+    """How a request that raised is counted: the client left, or it failed."""
+    return "cancelled" if isinstance(exc, (asyncio.CancelledError, GeneratorExit, ClientGone)) else "error"
+
+
+def nothing_yet() -> tuple[int, int]:
+    return 0, 0
+
+
+class Accounting:
+    def __init__(self, timer: RequestTimer, record: Record | None = None) -> None:
+        self.timer = timer
+        self.record = record
+        self.settled = False
+
+    def first_token(self) -> None:
+        self.timer.first_token()
+
+    def settle(self, outcome: str, prompt_tokens: int, completion_tokens: int) -> None:
+        """Count the request once, in the metrics and the ledger; later calls are ignored."""
+        if self.settled:
+            return
+        self.settled = True
+        # Read by the request's summary log line (same task, same context).
+        structlog.contextvars.bind_contextvars(outcome=outcome, prompt_tokens=prompt_tokens,
+                                               completion_tokens=completion_tokens)  # fmt: skip
+        self.timer.finish(prompt_tokens, completion_tokens, outcome)
+        # The ledger bills what was answered: a finished request, or the tokens a cut-short one got.
+        if self.record is not None and (outcome == "ok" or completion_tokens > 0):
+            try:
+                self.record(prompt_tokens, completion_tokens)
+            except Exception as exc:  # noqa: BLE001 - accounting must never break an answer already produced
+                log.error("usage not recorded", error=repr(exc))
+
+    async def guard(self, work: Awaitable[T], so_far: Callable[[], tuple[int, int]] = nothing_yet) -> T:
+        """Await `work`; if it raises, settle as failed or cancelled with the tokens `so_far`, then re-raise."""
+        try:
+            return await work
+        except BaseException as exc:
+            self.settle(outcome_of(exc), *so_far())
+            raise

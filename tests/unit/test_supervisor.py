@@ -1,0 +1,169 @@
+"""The pool and the worker handle against real worker processes running the fake engine
+(workers/engines/fake.py): streaming, queueing, refusals, cancellation, crashes, load
+timeouts, core shares, eviction and keep-alive, each in about a second."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+import zmq.asyncio
+
+from gateway.errors import BadRequest, Overloaded, WorkerDied, WorkerUnavailable
+from gateway.models.store import ModelEntry
+from gateway.ops.metrics import Metrics
+from gateway.ops.settings import Settings
+from gateway.supervisor.handle import WorkerHandle
+from gateway.supervisor.pool import WorkerPool
+from gateway.supervisor.states import State
+from protocol.wire import Done, Generate, Started
+
+MakePool = Callable[..., WorkerPool]
+
+
+def fake_model(tmp_path: Path, name: str, **behaviour: Any) -> ModelEntry:
+    path = tmp_path / f"{name}.json"
+    path.write_text(json.dumps(behaviour))
+    return ModelEntry(id=f"test/{name}:F", org="test", repo=name, precision="F", engine="fake", path=str(path),
+                      size=1, created=0)  # fmt: skip
+
+
+@pytest.fixture
+async def make_pool(tmp_path: Path) -> AsyncIterator[MakePool]:
+    pools: list[WorkerPool] = []
+
+    def make(**settings: Any) -> WorkerPool:
+        s = Settings(data_dir=tmp_path, **{"parallel": 2, "max_queue": 2, "keepalive": -1.0, **settings})
+        pool = WorkerPool(s, zmq.asyncio.Context(), Metrics(process=False))
+        pool.start()
+        pools.append(pool)
+        return pool
+
+    yield make
+    for pool in pools:
+        await pool.close()
+        pool.zctx.destroy(linger=0)
+
+
+async def worker(pool: WorkerPool, entry: ModelEntry) -> WorkerHandle:
+    return await pool.get(pool.key_for(entry, None, None, None), entry)
+
+
+def ask(max_tokens: int | None = None, prompt: str = "hi") -> Generate:
+    return Generate(req_id=0, log_id="test", prompt=prompt, max_tokens=max_tokens)
+
+
+async def answer(handle: WorkerHandle, msg: Generate) -> list[object]:
+    return [m async for m in handle.generate(msg)]
+
+
+async def until(pred: Callable[[], bool], timeout: float = 5.0) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not pred():
+        assert asyncio.get_running_loop().time() < deadline, "timed out"
+        await asyncio.sleep(0.01)
+
+
+async def test_a_generation_streams_started_deltas_and_done(make_pool: MakePool, tmp_path: Path) -> None:
+    pool = make_pool()
+    h = await worker(pool, fake_model(tmp_path, "a", tokens=4))
+    msgs = await answer(h, ask())
+    assert isinstance(msgs[0], Started)
+    assert [m.text for m in msgs[1:-1]] == ["tok1 ", "tok2 ", "tok3 ", "tok4 "]  # type: ignore[attr-defined]
+    assert msgs[-1] == Done(msgs[-1].req_id, "stop", prompt_tokens=1, completion_tokens=4)  # type: ignore[attr-defined]
+    msgs = await answer(h, ask(max_tokens=2))
+    assert isinstance(msgs[-1], Done) and msgs[-1].finish_reason == "length" and msgs[-1].completion_tokens == 2
+    assert h.status == "idle" and h.requests_served == 2
+
+
+async def test_a_full_queue_is_overloaded_and_a_refusal_is_a_bad_request(make_pool: MakePool, tmp_path: Path) -> None:
+    pool = make_pool(parallel=1, max_queue=1)
+    h = await worker(pool, fake_model(tmp_path, "q", tokens=50, delay_ms=10))
+    running = asyncio.ensure_future(answer(h, ask()))
+    queued = asyncio.ensure_future(answer(h, ask()))
+    await until(lambda: h.inflight == 2)
+    with pytest.raises(Overloaded, match="at capacity"):
+        await answer(h, ask())
+    assert len(await running) == len(await queued) == 52
+    with pytest.raises(BadRequest, match="refused, as asked"):
+        await answer(h, ask(prompt="refuse"))
+    assert h.inflight == 0
+
+
+async def test_closing_a_generation_cancels_it_on_the_worker(make_pool: MakePool, tmp_path: Path) -> None:
+    pool = make_pool()
+    h = await worker(pool, fake_model(tmp_path, "c", tokens=1000, delay_ms=5))
+    stream = h.generate(ask())
+    await anext(stream)
+    await anext(stream)
+    await stream.aclose()
+    assert h.inflight == 0
+    assert len(await answer(h, ask(max_tokens=3))) == 5  # the slot was freed
+
+
+async def test_a_crash_fails_every_request_at_once_and_a_crash_loop_backs_off(make_pool: MakePool, tmp_path: Path) -> None:
+    pool = make_pool(crash_limit=2, crash_window=60.0, crash_backoff=30.0)
+    entry = fake_model(tmp_path, "crash", tokens=100, delay_ms=5, crash_after=6)
+    h = await worker(pool, entry)
+    results = await asyncio.gather(answer(h, ask()), answer(h, ask()), return_exceptions=True)
+    assert all(isinstance(r, WorkerDied) and "died (exited with status 3)" in r.message for r in results), results
+    await until(lambda: h.key not in pool.workers)
+    assert h.state is State.FAILED
+    assert pool.metrics.registry.get_sample_value("geniex:worker_crashes_total", {"model": entry.id}) == 1
+    h2 = await worker(pool, entry)
+    assert h2 is not h
+    with pytest.raises(WorkerDied):
+        await answer(h2, ask())
+    await until(lambda: h2.key not in pool.workers)
+    with pytest.raises(Overloaded, match="crashed 2 times within 60s"):
+        await worker(pool, entry)
+
+
+async def test_a_worker_that_never_loads_times_out_and_is_killed(make_pool: MakePool, tmp_path: Path) -> None:
+    pool = make_pool(load_timeout=1.0)
+    with pytest.raises(WorkerUnavailable, match="did not become ready within 1s"):
+        await worker(pool, fake_model(tmp_path, "hang", hang_on_load=True))
+    assert not pool.workers
+    assert not [p for p in psutil.Process().children() if "fake" in " ".join(p.cmdline()) and p.status() != "zombie"]
+
+
+async def test_busy_workers_share_the_cores_and_one_left_alone_gets_them_all(make_pool: MakePool, tmp_path: Path) -> None:
+    cores = psutil.cpu_count(logical=False) or 1
+    if cores < 2:
+        pytest.skip("needs two cores to share")
+    pool = make_pool()
+    a = await worker(pool, fake_model(tmp_path, "a", tokens=30, delay_ms=10))
+    b = await worker(pool, fake_model(tmp_path, "b", tokens=300, delay_ms=10))
+    long = asyncio.ensure_future(answer(b, ask()))
+    await answer(a, ask())
+    assert a.threads == b.threads == cores // 2  # shared while both decoded
+    await until(lambda: b.threads == cores)  # a went idle: b gets every core back
+    long.cancel()
+
+
+async def test_eviction_waits_for_a_busy_worker_and_takes_the_idle_one(make_pool: MakePool, tmp_path: Path) -> None:
+    pool = make_pool(max_loaded=1)
+    busy_entry = fake_model(tmp_path, "busy", tokens=60, delay_ms=10)
+    a = await worker(pool, busy_entry)
+    stream = asyncio.ensure_future(answer(a, ask()))
+    await until(lambda: a.inflight == 1)
+    starting = asyncio.ensure_future(worker(pool, fake_model(tmp_path, "next", tokens=2)))
+    while not stream.done():  # the newcomer waits; `a` is not even asked to drain
+        assert a.state is State.READY, "a busy worker is never chosen for eviction"
+        await asyncio.sleep(0.005)
+    b = await starting
+    assert len(stream.result()) == 62, "the busy worker's generation ran to its end"
+    assert list(pool.workers.values()) == [b] and a.state is State.STOPPED
+    assert pool.metrics.registry.get_sample_value("geniex:worker_evictions_total", {"model": busy_entry.id}) == 1
+
+
+async def test_keepalive_zero_stops_a_worker_once_idle(make_pool: MakePool, tmp_path: Path) -> None:
+    pool = make_pool(keepalive=0.0)
+    h = await worker(pool, fake_model(tmp_path, "k", tokens=2))
+    await answer(h, ask())
+    await until(lambda: h.state is State.STOPPED and not pool.workers)
