@@ -96,7 +96,9 @@ def default_parallel(nctx: int) -> int:
 
 def git_rev() -> str | None:
     try:
-        rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True, check=False).stdout.strip()
+        rev = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True, check=False
+        ).stdout.strip()
         dirty = subprocess.run(["git", "status", "--porcelain", "--", "gateway", "workers", "protocol"], cwd=REPO,
                                capture_output=True, text=True, check=False).stdout.strip()  # fmt: skip
         return rev + ("+dirty" if dirty else "")
@@ -193,7 +195,9 @@ def wait_until_idle(max_wait_s: float, max_share: float = 0.08) -> float:
         calm = 0
         if time.perf_counter() - last_log > 10:
             last_log = time.perf_counter()
-            log(f"waiting for an idle machine: others use {share:.0%} ({', '.join(busy_processes()) or 'short-lived processes'})")
+            log(
+                f"waiting for an idle machine: others use {share:.0%} ({', '.join(busy_processes()) or 'short-lived processes'})"
+            )
             cpu.take()
     return time.perf_counter() - t0
 
@@ -305,7 +309,9 @@ def cpu_seconds(pids: dict[str, int]) -> dict[str, float]:
     return out
 
 
-async def stream_with_cpu(client: openai.AsyncOpenAI, model: str, max_tokens: int, pids: dict[str, int]) -> dict[str, Any]:
+async def stream_with_cpu(
+    client: openai.AsyncOpenAI, model: str, max_tokens: int, pids: dict[str, int]
+) -> dict[str, Any]:
     """stream_once, plus the CPU ms each process (client, gateway, worker) spent per token."""
     before = cpu_seconds(pids)
     res = await stream_once(client, model, max_tokens)
@@ -381,7 +387,13 @@ def import_times(reps: int) -> dict[str, Any]:
         out[name] = {"process_ms": r(med(walls) * 1000), "import_ms": r(med(imps) * 1000) if imps else None}
     # The heaviest top-level imports, from one -X importtime run each.
     for name in ("gateway", "worker"):
-        p = subprocess.run([py, "-X", "importtime", "-c", f"import {sets[name]}"], cwd=REPO, capture_output=True, text=True, check=False)
+        p = subprocess.run(
+            [py, "-X", "importtime", "-c", f"import {sets[name]}"],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            check=False,
+        )
         out[name]["heaviest"] = heaviest_imports(p.stderr)
     return out
 
@@ -577,7 +589,9 @@ async def phase_server(args: argparse.Namespace, data_dir: Path, baseline, out: 
                                                  lambda: stream_with_cpu(c, args.model, args.max_tokens, pids)))  # fmt: skip
                 msg = f"round {i + 1}/{args.rounds}: ours {ours[-1]['decode_tps']:.1f} tok/s TTFT {ours[-1]['ttft_ms']:.1f} ms"
                 if baseline is not None:
-                    base.append(await args.guard.run(f"single round {i + 1} (baseline)", lambda: baseline_with_cpu(baseline)))
+                    base.append(
+                        await args.guard.run(f"single round {i + 1} (baseline)", lambda: baseline_with_cpu(baseline))
+                    )
                     msg += f" | baseline {base[-1]['decode_tps']:.1f} tok/s TTFT {base[-1]['ttft_ms']:.1f} ms"
                 log(msg)
             out["single"] = {
@@ -595,7 +609,9 @@ async def phase_server(args: argparse.Namespace, data_dir: Path, baseline, out: 
                 out["single"]["baseline"] = {
                     "decode_tps": summary([x["decode_tps"] for x in base]),
                     "ttft_ms": summary([x["ttft_ms"] for x in base]),
-                    "cpu_ms_per_token": {"in-process": r(med([x["cpu_ms_per_token"].get("in-process") for x in base]), 3)},
+                    "cpu_ms_per_token": {
+                        "in-process": r(med([x["cpu_ms_per_token"].get("in-process") for x in base]), 3)
+                    },
                     "rounds": [public(x) for x in base],
                 }
                 out["single"]["same_text"] = ours[-1]["text"] == base[-1]["text"]
@@ -605,7 +621,9 @@ async def phase_server(args: argparse.Namespace, data_dir: Path, baseline, out: 
                     out["single"]["text_diverges_at_char"] = n
             out["single"]["sample_text"] = ours[-1]["text"][:200]
             if base:
-                ratios = [o["decode_tps"] / b["decode_tps"] for o, b in zip(ours, base) if o["decode_tps"] and b["decode_tps"]]
+                ratios = [
+                    o["decode_tps"] / b["decode_tps"] for o, b in zip(ours, base) if o["decode_tps"] and b["decode_tps"]
+                ]
                 out["single"]["paired_decode_ratio"] = summary(ratios)
 
             # -- TTFT alone: many short pairs (max_tokens=2), ours then baseline --
@@ -623,7 +641,9 @@ async def phase_server(args: argparse.Namespace, data_dir: Path, baseline, out: 
                 done = 0
                 while done < args.ttft_pairs:
                     k = min(5, args.ttft_pairs - done)
-                    for o_ms, b_ms in await args.guard.run(f"TTFT pairs {done + 1}-{done + k}", lambda k=k: ttft_block(k)):
+                    for o_ms, b_ms in await args.guard.run(
+                        f"TTFT pairs {done + 1}-{done + k}", lambda k=k: ttft_block(k)
+                    ):
                         t_ours.append(o_ms)
                         t_base.append(b_ms)
                         diffs.append(o_ms - b_ms)
@@ -729,7 +749,14 @@ def goals(res: dict[str, Any]) -> list[dict[str, Any]]:
     base_ttft = base.get("ttft_ms", {}).get("median")
 
     def add(name: str, value: float | None, target: str, ok: bool | None) -> None:
-        g.append({"goal": name, "value": value, "target": target, "result": "n/a" if ok is None else ("PASS" if ok else "MISS")})
+        g.append(
+            {
+                "goal": name,
+                "value": value,
+                "target": target,
+                "result": "n/a" if ok is None else ("PASS" if ok else "MISS"),
+            }
+        )
 
     ratio = ours_dec / base_dec if ours_dec and base_dec else None
     add("single-stream decode / in-process", r(ratio, 3), f">= {GOALS['decode_ratio']}x",
@@ -748,7 +775,9 @@ def goals(res: dict[str, Any]) -> list[dict[str, Any]]:
     add("/health p99 with 4 streams (ms)", hp99, f"<= {GOALS['health_p99_ms']} ms",
         None if hp99 is None else hp99 <= GOALS["health_p99_ms"])  # fmt: skip
     sr = res.get("cold", {}).get("start_to_ready_s", {}).get("median")
-    add("start -> ready (s)", sr, f"<= {GOALS['start_ready_s']} s", None if sr is None else sr <= GOALS["start_ready_s"])
+    add(
+        "start -> ready (s)", sr, f"<= {GOALS['start_ready_s']} s", None if sr is None else sr <= GOALS["start_ready_s"]
+    )
     rss = res.get("server", {}).get("rss", {}).get("gateway_mib")
     add("gateway RSS (MiB)", rss, f"<= {GOALS['gateway_rss_mib']:.0f} MiB",
         None if rss is None else rss <= GOALS["gateway_rss_mib"])  # fmt: skip
@@ -783,19 +812,27 @@ def render(res: dict[str, Any]) -> str:
         bd = b["decode_tps"]["median"] if b else None
         bt = b["ttft_ms"]["median"] if b else None
         L.append(f"  {'decode tok/s':22}{fmt(od):>10}{fmt(bd):>12}{fmt(od / bd if od and bd else None, 3):>11}")
-        L.append(f"  {'TTFT ms':22}{fmt(ot):>10}{fmt(bt):>12}{(fmt(ot - bt) + ' ms' if ot is not None and bt is not None else '-'):>11}")
+        L.append(
+            f"  {'TTFT ms':22}{fmt(ot):>10}{fmt(bt):>12}{(fmt(ot - bt) + ' ms' if ot is not None and bt is not None else '-'):>11}"
+        )
         L.append(f"  {'spread decode/TTFT':22}{fmt(o['decode_tps']['spread'], 2) + '/' + fmt(o['ttft_ms']['spread'], 2):>10}"
                  f"{(fmt(b['decode_tps']['spread'], 2) + '/' + fmt(b['ttft_ms']['spread'], 2)) if b else '-':>12}")  # fmt: skip
-        L.append(f"  {'inter-token p50/p99 ms':22}{fmt(o['itl_p50_ms']['median'], 1) + '/' + fmt(o['itl_p99_ms']['median'], 1):>10}")
+        L.append(
+            f"  {'inter-token p50/p99 ms':22}{fmt(o['itl_p50_ms']['median'], 1) + '/' + fmt(o['itl_p99_ms']['median'], 1):>10}"
+        )
         cpu = o.get("cpu_ms_per_token") or {}
         if cpu:
             bcpu = (b or {}).get("cpu_ms_per_token", {}).get("in-process")
             L.append(f"  {'CPU ms per token':22}" + ", ".join(f"{k} {fmt(v, 2)}" for k, v in cpu.items())
                      + f" = {fmt(sum(v for v in cpu.values() if v), 2)}; in-process {fmt(bcpu, 2)}")  # fmt: skip
-        L.append(f"  {'response headers ms':22}{fmt(o['headers_ms']['median']):>10}   (the gateway sends them with the first token)")
+        L.append(
+            f"  {'response headers ms':22}{fmt(o['headers_ms']['median']):>10}   (the gateway sends them with the first token)"
+        )
         if single.get("paired_decode_ratio"):
             pr = single["paired_decode_ratio"]
-            L.append(f"  {'paired decode ratio':22}median {fmt(pr['median'], 3)} (min {fmt(pr['min'], 3)}, max {fmt(pr['max'], 3)})")
+            L.append(
+                f"  {'paired decode ratio':22}median {fmt(pr['median'], 3)} (min {fmt(pr['min'], 3)}, max {fmt(pr['max'], 3)})"
+            )
         tp = srv.get("ttft_pairs")
         if tp:
             L.append(f"  {'TTFT, ' + str(tp['n']) + ' short pairs':22}{fmt(tp['ours_ms']['median']):>10}{fmt(tp['baseline_ms']['median']):>12}"
@@ -810,7 +847,9 @@ def render(res: dict[str, Any]) -> str:
         single_dec = single.get("ours", {}).get("decode_tps", {}).get("median")
         L.append("")
         L.append(f"Concurrency (median of {m['conc_rounds']} rounds; all streams start together)")
-        L.append(f"  {'clients':>7}{'aggregate':>11}{'per-stream':>12}{'min stream':>12}{'TTFT med':>10}{'TTFT max':>10}{'ITL p99':>9}{'agg/single':>12}")
+        L.append(
+            f"  {'clients':>7}{'aggregate':>11}{'per-stream':>12}{'min stream':>12}{'TTFT med':>10}{'TTFT max':>10}{'ITL p99':>9}{'agg/single':>12}"
+        )
         for n, v in conc.items():
             agg = v["aggregate_tps"]["median"]
             L.append(f"  {n:>7}{fmt(agg):>11}{fmt(v['per_stream_tps']['median']):>12}{fmt(v['per_stream_tps_min']):>12}"
@@ -819,6 +858,7 @@ def render(res: dict[str, Any]) -> str:
         L.append("  (tok/s; ms; agg/single = aggregate / single-stream decode tok/s above)")
     h = srv.get("health")
     if h:
+
         def lat_line(indent: str, label: str, d: dict[str, Any], errors: bool = False) -> str:
             tail = f"(n={d['n']}, errors={d['errors']})" if errors else f"(n={d['n']})"
             return (f"{indent}{label + ':':<16}p50 {fmt(d['p50_ms'], 2)} ms  p99 {fmt(d['p99_ms'], 2)} ms  "
@@ -838,8 +878,12 @@ def render(res: dict[str, Any]) -> str:
     if cold:
         L.append("")
         L.append(f"Startup (median of {m['starts']} starts)")
-        L.append(f"  start -> /ready 200:            {fmt(cold['start_to_ready_s']['median'] * 1000 if cold['start_to_ready_s']['median'] else None, 0)} ms")
-        L.append(f"  cold first request, TTFT:       {fmt(cold['cold_ttft_ms']['median'], 0)} ms (spawn worker + load + prompt)")
+        L.append(
+            f"  start -> /ready 200:            {fmt(cold['start_to_ready_s']['median'] * 1000 if cold['start_to_ready_s']['median'] else None, 0)} ms"
+        )
+        L.append(
+            f"  cold first request, TTFT:       {fmt(cold['cold_ttft_ms']['median'], 0)} ms (spawn worker + load + prompt)"
+        )
         if inp.get("llama_load_ms"):
             L.append(f"  raw load, Llama() in-process:   {fmt(inp['llama_load_ms']['median'], 0)} ms")
         fl = inp.get("llama_cpp_floor", {}).get("worker_layout", {})
@@ -849,7 +893,13 @@ def render(res: dict[str, Any]) -> str:
         bd = cold.get("cold_breakdown_ms") or {}
         if bd:
             L.append("  cold TTFT breakdown (server log timestamps):")
-            for k in ("request_to_spawn_ms", "worker_boot_ms", "engine_load_ms", "ready_relay_ms", "ready_to_first_token_ms"):
+            for k in (
+                "request_to_spawn_ms",
+                "worker_boot_ms",
+                "engine_load_ms",
+                "ready_relay_ms",
+                "ready_to_first_token_ms",
+            ):
                 if k in bd:
                     L.append(f"    {k:28}{fmt(bd[k], 0):>6} ms")
     imp = res.get("imports")
@@ -880,7 +930,9 @@ def render(res: dict[str, Any]) -> str:
     if rss:
         L.append("")
         w = ", ".join(f"{v} MiB (pid {k})" for k, v in rss["workers_mib"].items()) or "-"
-        L.append(f"RSS after the runs: gateway {fmt(rss['gateway_mib'])} MiB (USS {fmt(rss['gateway_uss_mib'])}), workers {w}")
+        L.append(
+            f"RSS after the runs: gateway {fmt(rss['gateway_mib'])} MiB (USS {fmt(rss['gateway_uss_mib'])}), workers {w}"
+        )
     L.append("")
     L.append("Goals (a report, not a test)")
     for g in res.get("goals", []):
@@ -932,8 +984,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--rounds", type=int, default=None, help="single-stream rounds (default 5, quick 2)")
     p.add_argument("--conc-rounds", type=int, default=None, help="rounds per concurrency level (default 3, quick 1)")
     p.add_argument("--concurrency", default="1,2,4,8", help="comma-separated client counts")
-    p.add_argument("--starts", type=int, default=None, help="server starts for start->ready and cold TTFT (default 3, quick 1)")
-    p.add_argument("--health-rounds", type=int, default=None, help="4-stream rounds probed for /health (default 2, quick 1)")
+    p.add_argument(
+        "--starts", type=int, default=None, help="server starts for start->ready and cold TTFT (default 3, quick 1)"
+    )
+    p.add_argument(
+        "--health-rounds", type=int, default=None, help="4-stream rounds probed for /health (default 2, quick 1)"
+    )
     p.add_argument("--health-interval-ms", type=float, default=10.0)
     p.add_argument("--ttft-pairs", type=int, default=None,
                    help="extra short requests (max_tokens=2), ours then baseline, for the TTFT goal (default 30, quick 6)")  # fmt: skip

@@ -60,7 +60,9 @@ class Hogs:
 
 
 async def one(client: openai.AsyncOpenAI, args: argparse.Namespace, body: dict[str, Any] | None) -> dict[str, Any]:
-    await asyncio.sleep(args.gap)  # each request finds the machine as the busy processes leave it, not as the last server did
+    await asyncio.sleep(
+        args.gap
+    )  # each request finds the machine as the busy processes leave it, not as the last server did
     try:
         return await asyncio.wait_for(stream_once(client, args.model, args.max_tokens, MESSAGES, extra_body=body),
                                       args.timeout)  # fmt: skip
@@ -75,7 +77,7 @@ async def measure(clients: dict[str, openai.AsyncOpenAI], args: argparse.Namespa
     got: dict[str, dict[int, list[dict[str, Any]]]] = {n: {lv: [] for lv in args.levels} for n in clients}
     names = list(clients)
     for r in range(args.rounds):
-        order = names[r % len(names):] + names[: r % len(names)]
+        order = names[r % len(names) :] + names[: r % len(names)]
         for level in args.levels:
             with Hogs(level):
                 for name in order:
@@ -136,21 +138,30 @@ def report(res: dict[str, Any]) -> None:
             tps, rel, ttft = v["decode_tps"], v["vs_own_idle"], v["ttft_ms"]
             print(f"{name:>16} {level:>4} {tps or 0:>12.1f} {rel or 0:>10.2f} {ttft or 0:>9.0f} {v['timed_out']:>8}")
     for name, by_level in res["ours_vs"].items():
-        print(f"ours / {name}: " + "  ".join(f"busy={lv} {r:.2f}x" if r else f"busy={lv} n/a" for lv, r in by_level.items()))
+        print(
+            f"ours / {name}: "
+            + "  ".join(f"busy={lv} {r:.2f}x" if r else f"busy={lv} n/a" for lv, r in by_level.items())
+        )
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--other", action="append", default=[], metavar="NAME=URL",
                    help="another OpenAI-compatible server's base URL (…/v1); repeatable")  # fmt: skip
-    p.add_argument("--other-body", type=json.loads, default={"cache_prompt": False},
-                   help="JSON merged into the other servers' requests")
+    p.add_argument(
+        "--other-body",
+        type=json.loads,
+        default={"cache_prompt": False},
+        help="JSON merged into the other servers' requests",
+    )
     p.add_argument("--levels", type=lambda s: [int(x) for x in s.split(",")], default=[0, 1, 2],
                    help="numbers of competing busy processes (default 0,1,2)")  # fmt: skip
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--max-tokens", type=int, default=50)
     p.add_argument("--gap", type=float, default=1.0, help="seconds of pause before each request")
-    p.add_argument("--timeout", type=float, default=300.0, help="seconds one request may take before it counts as timed out")
+    p.add_argument(
+        "--timeout", type=float, default=300.0, help="seconds one request may take before it counts as timed out"
+    )
     p.add_argument("--model", default=DEFAULT_MODEL)
     p.add_argument("--nctx", type=int, default=4096)
     p.add_argument("--server-arg", action="append", default=[], help="passed to `geniex serve` (repeatable)")

@@ -38,7 +38,11 @@ def main() -> int:
         with httpx.Client(timeout=300) as c:
             url = f"{srv.base_url}/v1/logits"
             c.post(url, json={"model": MODEL, "input_ids": ids[:4]}).raise_for_status()  # loads the model
-            for label, extra in (("last_only", {"last_only": True}), ("top_n 20", {"top_n": 20}), ("full vocab", {"top_n": 0})):
+            for label, extra in (
+                ("last_only", {"last_only": True}),
+                ("top_n 20", {"top_n": 20}),
+                ("full vocab", {"top_n": 0}),
+            ):
                 times, size = [], 0
                 for _ in range(args.rounds):
                     t0 = time.perf_counter()

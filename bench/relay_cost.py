@@ -64,7 +64,11 @@ def chunk_builder():  # type: ignore[no-untyped-def]
         import msgspec
 
         enc = msgspec.json.Encoder().encode
-        cid, created, model = "chatcmpl-0123456789abcdef01234567", int(time.time()), "HuggingFaceTB/SmolLM2-135M-Instruct:Q4_1"
+        cid, created, model = (
+            "chatcmpl-0123456789abcdef01234567",
+            int(time.time()),
+            "HuggingFaceTB/SmolLM2-135M-Instruct:Q4_1",
+        )
 
         def build(text: str) -> bytes:
             return enc(ChatCompletionChunk(id=cid, object="chat.completion.chunk", created=created, model=model,
@@ -239,7 +243,9 @@ def main(argv: list[str] | None = None) -> int:
           f"decode {pr['msgpack_decode_ns']:.0f} ns, chunk build+JSON {pr['chunk_build_json_ns']:.0f} ns "
           f"({pr['chunk_bytes']} bytes)")  # fmt: skip
     s, pl, aio = res["sync"], res["pipelined"], res["asyncio"]
-    print(f"  sync:      one token round trip {s['median_us']:.1f} us median, {s['p99_us']:.1f} us p99 (ipc hop included)")
+    print(
+        f"  sync:      one token round trip {s['median_us']:.1f} us median, {s['p99_us']:.1f} us p99 (ipc hop included)"
+    )
     print(f"  pipelined: worker side {pl['worker_side_us']:.2f} us + gateway side {pl['gateway_side_us']:.2f} us "
           f"= {pl['total_us']:.2f} us CPU per token")  # fmt: skip
     print(f"  asyncio:   token every {aio['pace_us']:.0f} us -> chunk bytes in {aio['median_us']:.1f} us median, "

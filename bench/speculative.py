@@ -78,8 +78,11 @@ CODE = '''def summarize(x):
 PROMPTS: dict[str, list[dict[str, str]]] = {
     "code-edit": [
         {"role": "system", "content": "You are a coding assistant."},
-        {"role": "user", "content": f"Here is a Python function:\n\n```python\n{CODE}\n```\n\n"
-                                    "Repeat it exactly, renaming variable x to y."},
+        {
+            "role": "user",
+            "content": f"Here is a Python function:\n\n```python\n{CODE}\n```\n\n"
+            "Repeat it exactly, renaming variable x to y.",
+        },
     ],
     "repeat-list": [
         {"role": "system", "content": "You copy text exactly."},
@@ -106,7 +109,9 @@ def log(msg: str) -> None:
     print(f"[speculative] {msg}", file=sys.stderr, flush=True)
 
 
-async def once(client: openai.AsyncOpenAI, messages: list[dict[str, str]], spec: dict[str, Any], max_tokens: int) -> dict[str, Any]:
+async def once(
+    client: openai.AsyncOpenAI, messages: list[dict[str, str]], spec: dict[str, Any], max_tokens: int
+) -> dict[str, Any]:
     arrivals: list[float] = []
     parts: list[str] = []
     usage = None
@@ -139,7 +144,9 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         srv = Server(Path(tmp) / "data", "--nctx", str(args.nctx))
         try:
             srv.wait_ready()
-            async with openai.AsyncOpenAI(base_url=f"{srv.base_url}/v1", api_key="bench", max_retries=0, timeout=600) as c:
+            async with openai.AsyncOpenAI(
+                base_url=f"{srv.base_url}/v1", api_key="bench", max_retries=0, timeout=600
+            ) as c:
                 for spec in VARIANTS.values():  # load the model and the draft, warm the caches
                     await once(c, PROMPTS["repeat-list"], spec, 8)
                 for k in range(args.rounds):
@@ -161,7 +168,9 @@ def table(report: dict[str, Any]) -> str:
         base_tps = med([r["decode_tps"] for r in by_variant["none"]])
         base_text = by_variant["none"][0]["text"] if by_variant["none"] else None
         lines.append(f"\n{prompt}")
-        lines.append(f"  {'variant':20} {'tok/s':>7} {'ratio':>6} {'accept':>7} {'acc/step':>8} {'tokens':>6}  same output")
+        lines.append(
+            f"  {'variant':20} {'tok/s':>7} {'ratio':>6} {'accept':>7} {'acc/step':>8} {'tokens':>6}  same output"
+        )
         for name, runs in by_variant.items():
             tps = med([r["decode_tps"] for r in runs])
             acc = sum(r["accepted"] for r in runs)

@@ -113,7 +113,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--nctx", type=int, default=4096)
     p.add_argument("--inproc", action="store_true", help="also run bench.py's in-process baseline (llama-cpp-python's "
                    "Llama), single-stream rounds in the same rotation")  # fmt: skip
-    p.add_argument("--threads", type=int, default=2, help="the in-process baseline's threads (match the other server's -t)")
+    p.add_argument(
+        "--threads", type=int, default=2, help="the in-process baseline's threads (match the other server's -t)"
+    )
     p.add_argument("--their-body", type=json.loads, default={"cache_prompt": False},
                    help="JSON merged into their requests (default: llama-server's prompt cache off, since "
                         "ours clears a slot on admit and every round sends the same prompt)")  # fmt: skip
@@ -129,8 +131,12 @@ def main(argv: list[str] | None = None) -> int:
     rt = res["ratios"]
     if "in-process" in res:
         v = res["in-process"]
-        print(f"{'in-process':>14}: decode {v['decode_tps']:.1f} tok/s  TTFT {v['ttft_ms']:.1f} ms  same text {v['same_text_as_ours']}")
-        print(f"decode / in-process: ours {rt['ours_vs_inproc_decode']:.3f}x  {args.name} {rt[f'{args.name}_vs_inproc_decode']:.3f}x")
+        print(
+            f"{'in-process':>14}: decode {v['decode_tps']:.1f} tok/s  TTFT {v['ttft_ms']:.1f} ms  same text {v['same_text_as_ours']}"
+        )
+        print(
+            f"decode / in-process: ours {rt['ours_vs_inproc_decode']:.3f}x  {args.name} {rt[f'{args.name}_vs_inproc_decode']:.3f}x"
+        )
     print(f"ours/{args.name}: decode {rt['decode']:.3f}x  TTFT {rt['ttft_ms_diff']:+.1f} ms  "
           f"{args.clients} clients {rt[f'aggregate_{args.clients}']:.3f}x   (JSON: {args.json})")  # fmt: skip
     return 0

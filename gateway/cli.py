@@ -37,9 +37,19 @@ def _add_serve(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> argp
     a("--nctx", type=int, default=4096, help="default context size per request")
     a("--ngl", type=int, default=-1, help="default GPU layers (-1: all)")
     a("--compute", choices=["cpu", "gpu", "npu", "hybrid"], default=None)
-    a("--keepalive", type=float, default=300.0, help="stop a worker idle this many seconds (-1: never, 0: after each request)")
+    a(
+        "--keepalive",
+        type=float,
+        default=300.0,
+        help="stop a worker idle this many seconds (-1: never, 0: after each request)",
+    )
     a("--origins", type=_csv, default=[], help="comma-separated CORS origins")
-    a("--data-dir", type=Path, default=None, help="model store and usage ledger (default $GENIEX_DATADIR or ~/.cache/geniex)")
+    a(
+        "--data-dir",
+        type=Path,
+        default=None,
+        help="model store and usage ledger (default $GENIEX_DATADIR or ~/.cache/geniex)",
+    )
     a("--log-level", default=None, choices=["debug", "info", "warning", "error"])
     a("--parallel", type=int, default=0, help="sequences per worker (0: from nctx)")
     a("--max-queue", type=int, default=16, help="queued requests per worker before 503")

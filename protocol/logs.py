@@ -34,7 +34,9 @@ def configure_logging(level: str | None = None, **bound: object) -> None:
         logger_factory=structlog.PrintLoggerFactory(sys.stderr),
         cache_logger_on_first_use=True,
     )
-    logging.basicConfig(level=max(lvl, logging.WARNING), stream=sys.stderr, format="%(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=max(lvl, logging.WARNING), stream=sys.stderr, format="%(levelname)s %(name)s: %(message)s"
+    )
 
 
 def _bind(values: dict[str, object]) -> structlog.typing.Processor:

@@ -49,8 +49,9 @@ def pooling_type(model_dir: Path) -> gguf.PoolingType:
     return gguf.PoolingType.MEAN
 
 
-def convert(model_dir: Path, out: Path, *, pooling: gguf.PoolingType | None = None,
-            rank_head: np.ndarray | None = None) -> Path:
+def convert(
+    model_dir: Path, out: Path, *, pooling: gguf.PoolingType | None = None, rank_head: np.ndarray | None = None
+) -> Path:
     """`pooling` overrides the model's own; `rank_head` ([1, hidden]) adds a SYNTHETIC one-label
     classification head (`cls.output`) and rank pooling, making a test cross-encoder."""
     hp = json.loads((model_dir / "config.json").read_text())

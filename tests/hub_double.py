@@ -131,7 +131,9 @@ def _make_handler(hub: HubDouble) -> type[BaseHTTPRequestHandler]:
                 return self._json(tree)
             with_blobs = query.get("blobs", ["false"])[0].lower() == "true"
             siblings = [
-                {"rfilename": n, "size": len(d), "blobId": _git_oid(d), "lfs": _lfs(d)} if with_blobs else {"rfilename": n}
+                {"rfilename": n, "size": len(d), "blobId": _git_oid(d), "lfs": _lfs(d)}
+                if with_blobs
+                else {"rfilename": n}
                 for n, d in sorted(files.items())
             ]
             self._json({"id": repo_id, "modelId": repo_id, "sha": sha, "private": False, "siblings": siblings})

@@ -161,7 +161,9 @@ class EmbeddingQueue:
         except Exception as exc:  # one bad batch fails its request, not the worker
             self.jobs.popleft()
             log.exception("forward pass failed", request_id=job.req.log_id)
-            emit(Failed(job.req.req_id, ErrorKind.ENGINE, f"the model failed on this input: {type(exc).__name__}: {exc}"))
+            emit(
+                Failed(job.req.req_id, ErrorKind.ENGINE, f"the model failed on this input: {type(exc).__name__}: {exc}")
+            )
             return
         if job.out is None:
             job.out = np.empty((len(job.seqs), rows.shape[1]), dtype=np.float32)
@@ -204,4 +206,3 @@ class QueuedEngine:
 
     def step(self, emit: Emit) -> None:
         self.queue.step(emit)
-

@@ -82,7 +82,9 @@ class WorkerServer:
         match msg:
             case Generate() | Logits() | Embed() | Rerank():
                 if type(msg) not in self.engine.serves:
-                    self.send(Failed(msg.req_id, ErrorKind.UNSUPPORTED, f"this model does not support {TASKS[type(msg)]}"))
+                    self.send(
+                        Failed(msg.req_id, ErrorKind.UNSUPPORTED, f"this model does not support {TASKS[type(msg)]}")
+                    )
                     return
                 try:
                     self.engine.submit(msg)

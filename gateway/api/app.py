@@ -33,7 +33,9 @@ from protocol.errors import ErrorResponse
 log = structlog.get_logger("gateway")
 
 
-def _error(status: int, message: str, code: str | None = None, headers: dict[str, str] | None = None) -> Response[ErrorResponse]:
+def _error(
+    status: int, message: str, code: str | None = None, headers: dict[str, str] | None = None
+) -> Response[ErrorResponse]:
     return Response(
         ErrorResponse(error=message, code=code, request_id=current_request_id()), status_code=status, headers=headers
     )

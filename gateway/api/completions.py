@@ -66,7 +66,9 @@ def _prompts(data: CompletionRequest) -> list[str]:
 
 
 @post("/v1/completions", status_code=200)
-async def completions(request: Request, data: CompletionRequest, services: Services) -> Response[bytes] | ServerSentEvent:
+async def completions(
+    request: Request, data: CompletionRequest, services: Services
+) -> Response[bytes] | ServerSentEvent:
     entry = services.store.resolve(data.model)
     if entry.engine != "llama_cpp":
         raise BadRequest(f"`model`: {entry.id} is served by {entry.engine}; text completion needs a llama.cpp model")
@@ -97,7 +99,9 @@ async def completions(request: Request, data: CompletionRequest, services: Servi
     return ServerSentEvent(_sse(acct, choices, first, merged, include_usage))
 
 
-async def _collect(acct: relay.Completion, choices: list[_Choice], stream: AsyncIterator[relay.Tagged]) -> TextCompletion:
+async def _collect(
+    acct: relay.Completion, choices: list[_Choice], stream: AsyncIterator[relay.Tagged]
+) -> TextCompletion:
     reasons: dict[int, str] = {}
 
     def on_done(i: int, msg: wire.Done) -> None:

@@ -217,12 +217,22 @@ def sse(c: Completion, shapers: list[ChoiceShaper], first: Tagged, rest: AsyncIt
         return last, _chunk(c, i, ChunkDelta(), shaper.finish_reason(msg.finish_reason))
 
     def usage() -> bytes:
-        return encode(ChatCompletionChunk(id=c.id, object=CHUNK, created=c.created, model=c.model, choices=[], usage=c.usage()))
+        return encode(
+            ChatCompletionChunk(id=c.id, object=CHUNK, created=c.created, model=c.model, choices=[], usage=c.usage())
+        )
 
     plain = all(s.plain for s in shapers)
     opening = [_chunk(c, s.index, ChunkDelta(role="assistant", content="")) for s in shapers]
-    return stream_events(c, first, rest, opening, on_delta, on_done, usage if include_usage else None,
-                         lambda i, msg: shapers[i].start(msg.reasoning_open))
+    return stream_events(
+        c,
+        first,
+        rest,
+        opening,
+        on_delta,
+        on_done,
+        usage if include_usage else None,
+        lambda i, msg: shapers[i].start(msg.reasoning_open),
+    )
 
 
 async def stream_events(c: Completion, first: Tagged, rest: AsyncIterator[Tagged], opening: list[bytes],

@@ -33,7 +33,11 @@ def _message_dict(i: int, m: ChatMessage) -> dict[str, Any]:
     if m.tool_calls:
         # Templates render arguments with `tojson`, so they get the object, not its text.
         d["tool_calls"] = [
-            {"id": c.id, "type": "function", "function": {"name": c.function.name, "arguments": _json_or_text(c.function.arguments)}}
+            {
+                "id": c.id,
+                "type": "function",
+                "function": {"name": c.function.name, "arguments": _json_or_text(c.function.arguments)},
+            }
             for c in m.tool_calls
         ]
     if m.tool_call_id is not None:

@@ -53,7 +53,9 @@ def speculation_of(req: ChatRequest, store: ModelStore) -> Speculation | None:
     draft_path = ""
     if spec_type in DRAFT_MODEL_SPEC_TYPES:
         if not req.spec_draft_model:
-            raise BadRequest(f"`spec_draft_model`: required with spec_type {kind!r} (a pulled model name or a GGUF path)")
+            raise BadRequest(
+                f"`spec_draft_model`: required with spec_type {kind!r} (a pulled model name or a GGUF path)"
+            )
         draft_path = draft_model_path(req.spec_draft_model, store)
     return Speculation(type=spec_type, n_max=n_max, n_min=n_min, p_min=req.spec_p_min or 0.0, draft_path=draft_path)
 

@@ -22,8 +22,12 @@ Command = Callable[[argparse.Namespace], int]
 def add_model_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("pull", help="download a GGUF model from Hugging Face, or import a local GGUF or ONNX model")
     p.add_argument("name", help="org/repo or org/repo:precision, e.g. bartowski/Llama-3.2-1B-Instruct-GGUF:Q4_K_M")
-    p.add_argument("--local", type=Path, metavar="PATH",
-                   help="import this GGUF file, or ONNX model folder (model.onnx + tokenizer.json), instead of downloading")
+    p.add_argument(
+        "--local",
+        type=Path,
+        metavar="PATH",
+        help="import this GGUF file, or ONNX model folder (model.onnx + tokenizer.json), instead of downloading",
+    )
     _add_data_dir(p)
     p.set_defaults(func=_guarded(_pull))
 
@@ -40,7 +44,13 @@ def add_model_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser])
 
 def _add_data_dir(p: argparse.ArgumentParser) -> None:
     # Default resolved at run time, so GENIEX_DATADIR set after the parser is built still counts.
-    p.add_argument("--data-dir", type=Path, default=None, metavar="DIR", help="default: $GENIEX_DATA_DIR, $GENIEX_DATADIR or ~/.cache/geniex")
+    p.add_argument(
+        "--data-dir",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="default: $GENIEX_DATA_DIR, $GENIEX_DATADIR or ~/.cache/geniex",
+    )
 
 
 def _store(args: argparse.Namespace) -> ModelStore:

@@ -116,8 +116,7 @@ def parse_name(name: str, error: type[GenieXError] = ModelNotFound) -> tuple[str
     m = _NAME_RE.match(name)
     if m is None or ".." in name or any(part.startswith(".") for part in (m.group(1), m.group(2))):
         raise error(
-            f"invalid model name {name!r}: expected org/repo or org/repo:precision "
-            "(letters, digits, '.', '_', '-')"
+            f"invalid model name {name!r}: expected org/repo or org/repo:precision (letters, digits, '.', '_', '-')"
         )
     return m.group(1), m.group(2), m.group(3)
 
@@ -397,9 +396,8 @@ class ModelStore:
 
     @staticmethod
     def _matches(entry: ModelEntry, org: str, repo: str, precision: str | None) -> bool:
-        return (
-            f"{entry.org}/{entry.repo}".casefold() == f"{org}/{repo}".casefold()
-            and (precision is None or entry.precision.casefold() == precision.casefold())
+        return f"{entry.org}/{entry.repo}".casefold() == f"{org}/{repo}".casefold() and (
+            precision is None or entry.precision.casefold() == precision.casefold()
         )
 
     def _entries_for(self, org: str, repo: str) -> list[ModelEntry]:
@@ -427,9 +425,7 @@ class ModelStore:
     def _manifest_paths(self) -> Iterable[Path]:
         if not self.models_dir.is_dir():
             return []
-        return (
-            p for p in self.models_dir.glob("*/*/manifest.json") if not p.parent.parent.name.startswith(".")
-        )
+        return (p for p in self.models_dir.glob("*/*/manifest.json") if not p.parent.parent.name.startswith("."))
 
     def _pulled(self) -> Iterator[ModelEntry]:
         for path in self._manifest_paths():

@@ -94,7 +94,9 @@ class Metrics:
         self.requests = Counter("geniex:requests", "Chat requests by outcome (ok, error, cancelled).",
                                 ["model", "outcome"], registry=r)  # fmt: skip
         self.worker_starts = Counter("geniex:worker_starts", "Worker processes started.", ["model"], registry=r)
-        self.worker_crashes = Counter("geniex:worker_crashes", "Worker processes that died unasked.", ["model"], registry=r)
+        self.worker_crashes = Counter(
+            "geniex:worker_crashes", "Worker processes that died unasked.", ["model"], registry=r
+        )
         self.worker_evictions = Counter("geniex:worker_evictions", "Workers stopped to free memory or slots.",
                                         ["model"], registry=r)  # fmt: skip
         r.register(_PoolCollector(self))
@@ -217,7 +219,10 @@ class _PoolCollector(Collector):
             GaugeMetricFamily("llamacpp:requests_deferred", "Requests admitted, waiting for a slot.", labels=["model"]),
             GaugeMetricFamily("vllm:num_requests_running", "Requests decoding in a slot.", labels=["model"]),
             GaugeMetricFamily("vllm:num_requests_waiting", "Requests admitted, waiting for a slot.", labels=["model"]),
-            GaugeMetricFamily("geniex:worker_resident_memory_bytes", "Resident memory of each worker process.",
-                              labels=["model", "worker", "pid"]),
+            GaugeMetricFamily(
+                "geniex:worker_resident_memory_bytes",
+                "Resident memory of each worker process.",
+                labels=["model", "worker", "pid"],
+            ),
             GaugeMetricFamily("geniex:workers", "Worker processes by state.", labels=["model", "state"]),
         ]

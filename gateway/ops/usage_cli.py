@@ -22,7 +22,13 @@ def add_usage_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) 
     p.add_argument("--json", action="store_true", help="print a JSON array instead of a table")
     p.add_argument("--since", type=_day, metavar="YYYY-MM-DD", help="only days on or after this UTC date")
     p.add_argument("--model", help="only this model id")
-    p.add_argument("--data-dir", type=Path, default=None, metavar="DIR", help="default: $GENIEX_DATA_DIR, $GENIEX_DATADIR or ~/.cache/geniex")
+    p.add_argument(
+        "--data-dir",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="default: $GENIEX_DATA_DIR, $GENIEX_DATADIR or ~/.cache/geniex",
+    )
     p.set_defaults(func=_usage)
 
 
@@ -38,7 +44,9 @@ def _usage(args: argparse.Namespace) -> int:
     conn = open_readonly(data_dir)
     if conn is None:
         # A server writes its ledger as soon as it starts: none here is most likely a wrong folder.
-        print(f"error: there is no usage ledger in {data_dir} (no server has run with this --data-dir)", file=sys.stderr)
+        print(
+            f"error: there is no usage ledger in {data_dir} (no server has run with this --data-dir)", file=sys.stderr
+        )
         return 1
     try:
         rows: list[UsageRow] = query(conn, args.since, args.model)

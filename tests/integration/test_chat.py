@@ -63,7 +63,12 @@ def test_non_streaming_shape_and_usage(client: openai.OpenAI) -> None:
 
 
 def test_finish_reason_stop_when_model_ends(client: openai.OpenAI) -> None:
-    r = chat(client, messages=[{"role": "user", "content": "What is 2+2? Answer with only the number."}], temperature=0, max_tokens=50)
+    r = chat(
+        client,
+        messages=[{"role": "user", "content": "What is 2+2? Answer with only the number."}],
+        temperature=0,
+        max_tokens=50,
+    )
     assert r.choices[0].finish_reason == "stop"
     assert r.usage.completion_tokens < 50
 
@@ -234,7 +239,9 @@ def test_stream_interval_groups_tokens_without_changing_the_text(client: openai.
 
     def pieces(c: openai.OpenAI) -> tuple[list[str], int]:
         chunks = list(c.chat.completions.create(**kw))  # type: ignore[call-overload]
-        return [ch.choices[0].delta.content for ch in chunks if ch.choices and ch.choices[0].delta.content], chunks[-1].usage.completion_tokens
+        return [ch.choices[0].delta.content for ch in chunks if ch.choices and ch.choices[0].delta.content], chunks[
+            -1
+        ].usage.completion_tokens
 
     for interval, expect in (("0", "one per token"), ("60000", "first, then the rest")):
         srv = ServerProcess(tmp_path / f"data{interval}", "--nctx", "2048", "--stream-interval", interval)

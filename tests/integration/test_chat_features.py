@@ -76,7 +76,11 @@ def test_required_tool_choice_picks_one_of_the_tools(client: openai.OpenAI) -> N
     r = client.chat.completions.create(model=MODEL, messages=ASK, tools=TOOLS, tool_choice="required", **GREEDY)
     (call,) = r.choices[0].message.tool_calls
     assert call.function.name in ("get_weather", "get_time")
-    params = TOOLS[0]["function"]["parameters"] if call.function.name == "get_weather" else TOOLS[1]["function"]["parameters"]
+    params = (
+        TOOLS[0]["function"]["parameters"]
+        if call.function.name == "get_weather"
+        else TOOLS[1]["function"]["parameters"]
+    )
     jsonschema.validate(json.loads(call.function.arguments), params)
 
 
@@ -138,7 +142,9 @@ def test_json_schema_response_validates(client: openai.OpenAI, stream: bool) -> 
     fmt = {"type": "json_schema", "json_schema": {"name": "person", "schema": PERSON, "strict": True}}
     kw: dict[str, Any] = {"model": MODEL, "messages": WHO, "response_format": fmt, "temperature": 0, "max_tokens": 120}
     if stream:
-        text = "".join(c.choices[0].delta.content or "" for c in client.chat.completions.create(stream=True, **kw) if c.choices)
+        text = "".join(
+            c.choices[0].delta.content or "" for c in client.chat.completions.create(stream=True, **kw) if c.choices
+        )
     else:
         r = client.chat.completions.create(**kw)
         assert r.choices[0].finish_reason == "stop"
@@ -148,7 +154,11 @@ def test_json_schema_response_validates(client: openai.OpenAI, stream: bool) -> 
 
 @pytest.mark.parametrize("how", ["response_format", "enable_json"])
 def test_json_modes_give_a_json_object(client: openai.OpenAI, how: str) -> None:
-    kw: dict[str, Any] = {"response_format": {"type": "json_object"}} if how == "response_format" else {"extra_body": {"enable_json": True}}
+    kw: dict[str, Any] = (
+        {"response_format": {"type": "json_object"}}
+        if how == "response_format"
+        else {"extra_body": {"enable_json": True}}
+    )
     r = client.chat.completions.create(model=MODEL, messages=WHO, temperature=0, max_tokens=60, **kw)
     if r.choices[0].finish_reason == "stop":
         assert isinstance(json.loads(r.choices[0].message.content), dict)
@@ -161,7 +171,9 @@ def test_grammar_string_allows_only_yes_or_no(client: openai.OpenAI, stream: boo
     kw: dict[str, Any] = {"model": MODEL, "messages": [{"role": "user", "content": "Is the sky green?"}],
                           "extra_body": {"grammar_string": 'root ::= "yes" | "no"'}, "max_tokens": 10, "temperature": 0.9, "seed": 3}  # fmt: skip
     if stream:
-        text = "".join(c.choices[0].delta.content or "" for c in client.chat.completions.create(stream=True, **kw) if c.choices)
+        text = "".join(
+            c.choices[0].delta.content or "" for c in client.chat.completions.create(stream=True, **kw) if c.choices
+        )
     else:
         text = client.chat.completions.create(**kw).choices[0].message.content
     assert text in ("yes", "no")
@@ -207,7 +219,9 @@ def test_bad_schema_and_conflicts_are_400s(client: openai.OpenAI) -> None:
     bad_schema = {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "bogus"}}}
     assert _bad(client, response_format=bad_schema).startswith("`response_format`: cannot turn this schema")
     assert "schema" in _bad(client, response_format={"type": "json_schema", "json_schema": {"name": "x"}})
-    assert "only one" in _bad(client, response_format={"type": "json_object"}, extra_body={"grammar_string": 'root ::= "a"'})
+    assert "only one" in _bad(
+        client, response_format={"type": "json_object"}, extra_body={"grammar_string": 'root ::= "a"'}
+    )
 
 
 # ---- reasoning -------------------------------------------------------------------
@@ -249,7 +263,14 @@ def test_reasoning_format_none_keeps_think_inline(client: openai.OpenAI) -> None
 
 @pytest.mark.parametrize("stream", [False, True])
 def test_logprobs_agree_with_greedy_choice(client: openai.OpenAI, stream: bool) -> None:
-    kw: dict[str, Any] = {"model": MODEL, "messages": ASK, "temperature": 0, "max_tokens": 12, "logprobs": True, "top_logprobs": 5}
+    kw: dict[str, Any] = {
+        "model": MODEL,
+        "messages": ASK,
+        "temperature": 0,
+        "max_tokens": 12,
+        "logprobs": True,
+        "top_logprobs": 5,
+    }
     if stream:
         chunks = [c for c in client.chat.completions.create(stream=True, **kw) if c.choices]
         items = [t for c in chunks if c.choices[0].logprobs for t in c.choices[0].logprobs.content]

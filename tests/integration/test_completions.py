@@ -28,7 +28,9 @@ def test_streaming_equals_non_streaming(client: openai.OpenAI) -> None:
     assert all(c.object == "text_completion" for c in chunks)
     text = "".join(ch.text for c in chunks for ch in c.choices)
     assert text == whole.choices[0].text
-    assert [ch.finish_reason for c in chunks for ch in c.choices if ch.finish_reason] == [whole.choices[0].finish_reason]
+    assert [ch.finish_reason for c in chunks for ch in c.choices if ch.finish_reason] == [
+        whole.choices[0].finish_reason
+    ]
     assert chunks[-1].usage.completion_tokens == whole.usage.completion_tokens
 
 
@@ -52,7 +54,11 @@ def test_n_and_legacy_logprobs(client: openai.OpenAI) -> None:
     lp = r.choices[0].logprobs
     assert "".join(lp.tokens) == r.choices[0].text
     for tok, value, top in zip(lp.tokens, lp.token_logprobs, lp.top_logprobs, strict=True):
-        assert len(top) == 3 and max(top.values()) == pytest.approx(value, abs=1e-5) and top[tok] == pytest.approx(value, abs=1e-5)
+        assert (
+            len(top) == 3
+            and max(top.values()) == pytest.approx(value, abs=1e-5)
+            and top[tok] == pytest.approx(value, abs=1e-5)
+        )
 
 
 def test_errors(client: openai.OpenAI) -> None:

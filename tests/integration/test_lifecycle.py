@@ -135,7 +135,9 @@ def test_model_that_cannot_load_is_500_not_a_hang(start, tmp_path: Path) -> None
     srv = start()
     subprocess.run([sys.executable, "-m", "gateway.cli", "pull", "--local", str(bad), "test/broken:Q4_0",
                     "--data-dir", str(srv.data_dir)], check=True, capture_output=True)  # fmt: skip
-    r = httpx.post(f"{srv.base_url}/v1/chat/completions", json={"model": "test/broken:Q4_0", "messages": LONG}, timeout=60)
+    r = httpx.post(
+        f"{srv.base_url}/v1/chat/completions", json={"model": "test/broken:Q4_0", "messages": LONG}, timeout=60
+    )
     assert r.status_code == 500
     assert "could not load" in r.json()["error"]
     assert srv.proc.poll() is None
@@ -180,7 +182,9 @@ def test_full_queue_answers_503_with_retry_after(start) -> None:  # type: ignore
     srv = start("--nctx", "1024", "--parallel", "1", "--max-queue", "1")
     client = client_for(srv)
     client.chat.completions.create(model=MODEL, messages=LONG, max_tokens=1)
-    streams = [client.chat.completions.create(model=MODEL, messages=LONG, stream=True, max_tokens=300) for _ in range(1)]
+    streams = [
+        client.chat.completions.create(model=MODEL, messages=LONG, stream=True, max_tokens=300) for _ in range(1)
+    ]
     next(iter(streams[0]))
     # the second waits in the queue (its response starts only when it runs), the third is refused
     queued = threading.Thread(target=lambda: client.chat.completions.create(model=MODEL, messages=LONG, max_tokens=5))
@@ -275,7 +279,9 @@ def test_eviction_is_lru_and_never_hits_a_busy_worker(start, tmp_path: Path) -> 
     next(it)
     pid = workers(srv2)[0]["pid"]
     result: dict[str, object] = {}
-    t = threading.Thread(target=lambda: result.update(r=client2.chat.completions.create(model=b, messages=LONG, max_tokens=2)))
+    t = threading.Thread(
+        target=lambda: result.update(r=client2.chat.completions.create(model=b, messages=LONG, max_tokens=2))
+    )
     t.start()
     chunks = []
     for i, chunk in enumerate(it):
@@ -332,7 +338,9 @@ def test_keep_cache_reuses_the_prefix_and_nothing_leaks_without_it(start) -> Non
 def test_health_answers_while_streams_run(start) -> None:  # type: ignore[no-untyped-def]
     srv = start("--nctx", "512")
     client = client_for(srv)
-    streams = [client.chat.completions.create(model=MODEL, messages=LONG, stream=True, max_tokens=100) for _ in range(4)]
+    streams = [
+        client.chat.completions.create(model=MODEL, messages=LONG, stream=True, max_tokens=100) for _ in range(4)
+    ]
     for s in streams:
         next(iter(s))
     assert all(httpx.get(f"{srv.base_url}/health", timeout=2).status_code == 200 for _ in range(20))

@@ -33,8 +33,16 @@ def smollm_path() -> str:
 
 
 def options(path: Path | str) -> SimpleNamespace:
-    return SimpleNamespace(model_path=str(path), compute="cpu", nctx=4096, ngl=0, parallel=1, threads=0, batch_tokens=0,
-                           stream_interval_ms=0)
+    return SimpleNamespace(
+        model_path=str(path),
+        compute="cpu",
+        nctx=4096,
+        ngl=0,
+        parallel=1,
+        threads=0,
+        batch_tokens=0,
+        stream_interval_ms=0,
+    )
 
 
 def run(engine: LlamaEmbedEngine, req: Embed | Rerank) -> object:

@@ -30,7 +30,9 @@ def reference() -> Iterator[np.ndarray]:
 
     # The worker runs flash attention (llama.cpp's "auto" picks it on CPU); Llama() defaults to off,
     # which alone moves logits by up to ~1.0 here, so the reference must match it.
-    llm = llama_cpp.Llama(model_path=gguf_path(), n_ctx=256, logits_all=True, verbose=False, n_threads=2, flash_attn=True)
+    llm = llama_cpp.Llama(
+        model_path=gguf_path(), n_ctx=256, logits_all=True, verbose=False, n_threads=2, flash_attn=True
+    )
     llm.eval(IDS)
     yield np.array(llm.scores[: len(IDS)], dtype=np.float32)
     llm.close()

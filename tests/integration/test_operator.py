@@ -58,7 +58,9 @@ def test_unread_environment_variables_are_warned_about(tmp_path: Path) -> None:
     try:
         srv.wait_ready()
         warned = [e for e in events(srv) if e.get("level") == "warning"]
-        assert any(e["event"] == "GENIEX_NTCX is set, but no setting reads it (did you mean GENIEX_NCTX?)" for e in warned)
+        assert any(
+            e["event"] == "GENIEX_NTCX is set, but no setting reads it (did you mean GENIEX_NCTX?)" for e in warned
+        )
         assert not any("GENIEX_DATA_DIR" in e["event"] for e in warned)
     finally:
         srv.stop()
@@ -93,7 +95,9 @@ def test_debug_log_shows_spawn_admission_and_eviction_choices(start, tmp_path: P
     other = import_copy(data, "test/other:Q4_1")
     srv = start("--nctx", "512", "--max-loaded", "1", "--log-level", "debug", data_dir=data)
     client = client_for(srv)
-    client.chat.completions.create(model=MODEL, messages=LONG, max_tokens=2, extra_headers={"X-Request-ID": "first-one"})
+    client.chat.completions.create(
+        model=MODEL, messages=LONG, max_tokens=2, extra_headers={"X-Request-ID": "first-one"}
+    )
     client.chat.completions.create(model=other, messages=LONG, max_tokens=2)
     evs = events(srv)
     spawn = [e for e in evs if e["event"] == "worker command"]

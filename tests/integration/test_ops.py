@@ -44,7 +44,11 @@ def by_key_user(rows: list[dict]) -> dict[tuple[str, str], tuple[int, int, int]]
     for r in rows:
         assert r["model"] == MODEL and r["total_tokens"] == r["prompt_tokens"] + r["completion_tokens"]
         prev = out.get((r["key"], r["user"]), (0, 0, 0))
-        out[(r["key"], r["user"])] = (prev[0] + r["requests"], prev[1] + r["prompt_tokens"], prev[2] + r["completion_tokens"])
+        out[(r["key"], r["user"])] = (
+            prev[0] + r["requests"],
+            prev[1] + r["prompt_tokens"],
+            prev[2] + r["completion_tokens"],
+        )
     return out
 
 
@@ -123,7 +127,16 @@ def test_metrics_usage_ledger_and_restart(data_dir: Path) -> None:
         assert json.loads(out.stdout) == usage_rows(srv)
         table = subprocess.run([sys.executable, "-m", "gateway.cli", "usage", "--data-dir", str(data_dir)],
                                capture_output=True, text=True, timeout=60, check=True).stdout  # fmt: skip
-        assert table.splitlines()[0].split() == ["DAY", "MODEL", "KEY", "USER", "REQUESTS", "PROMPT", "COMPLETION", "TOTAL"]
+        assert table.splitlines()[0].split() == [
+            "DAY",
+            "MODEL",
+            "KEY",
+            "USER",
+            "REQUESTS",
+            "PROMPT",
+            "COMPLETION",
+            "TOTAL",
+        ]
         assert label in table and "anonymous" in table and "alice" in table
     finally:
         srv.stop()

@@ -69,7 +69,11 @@ def env(tmp_path: Path, hub: HubDouble) -> dict[str, str]:
 def geniex(env: dict[str, str], *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "gateway.cli", *args],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout,
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
     )
 
 
@@ -193,7 +197,11 @@ def test_ctrl_c_during_download_cleans_up(env: dict[str, str], hub: HubDouble, t
     hub.throttle("acme/Big-GGUF", "Big-Q4_0.gguf", chunk=16_384, delay=0.02)
     proc = subprocess.Popen(
         [sys.executable, "-m", "gateway.cli", "pull", "acme/Big-GGUF"],
-        cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
     )
     deadline = time.monotonic() + 30
     while not hub.requested("GET", "Big-Q4_0.gguf"):

@@ -40,7 +40,9 @@ SPECS: dict[str, dict[str, Any]] = {
 def chat(client: openai.OpenAI, messages: list[dict[str, str]], spec: dict[str, Any] | None = None, **kw: Any):  # type: ignore[no-untyped-def]
     kw.setdefault("temperature", 0)
     kw.setdefault("max_tokens", N)
-    return client.chat.completions.create(model=MODEL, messages=messages, extra_body={**(spec or {}), **kw.pop("extra_body", {})}, **kw)
+    return client.chat.completions.create(
+        model=MODEL, messages=messages, extra_body={**(spec or {}), **kw.pop("extra_body", {})}, **kw
+    )
 
 
 @functools.cache
@@ -206,6 +208,12 @@ def test_bad_speculation_is_400(server: ServerProcess, extra: dict[str, Any], ne
 def test_symlink_outside_the_store_is_400(server: ServerProcess, tmp_path: Path) -> None:
     link = tmp_path / "smol.gguf"
     link.symlink_to(BUNDLED_PATH)  # a real model, but reached through a path outside the allowed folders
-    body = {"model": MODEL, "messages": NORMAL, "max_tokens": 4, "spec_type": "draft-simple", "spec_draft_model": str(link)}
+    body = {
+        "model": MODEL,
+        "messages": NORMAL,
+        "max_tokens": 4,
+        "spec_type": "draft-simple",
+        "spec_draft_model": str(link),
+    }
     r = httpx.post(f"{server.base_url}/v1/chat/completions", json=body, timeout=60)
     assert r.status_code == 400 and "outside" in r.json()["error"], r.text

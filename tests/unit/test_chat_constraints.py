@@ -16,7 +16,10 @@ from protocol.chat import ChatRequest
 from protocol.wire import Constraint
 
 TOOLS = [
-    {"type": "function", "function": {"name": "a", "parameters": {"type": "object", "properties": {"x": {"type": "integer"}}}}},
+    {
+        "type": "function",
+        "function": {"name": "a", "parameters": {"type": "object", "properties": {"x": {"type": "integer"}}}},
+    },
     {"type": "function", "function": {"name": "b"}},
 ]
 
@@ -46,7 +49,9 @@ def test_read_grammar_inside(dirs: tuple[Path, Path]) -> None:
     assert read_grammar("sub/../g.gbnf", [allowed]) == 'root ::= "a"'  # stays inside: fine
 
 
-@pytest.mark.parametrize("path", ["../outside/s.gbnf", "link.gbnf", "dirlink/s.gbnf", "/etc/passwd", "sub", "", "nul\x00l"])
+@pytest.mark.parametrize(
+    "path", ["../outside/s.gbnf", "link.gbnf", "dirlink/s.gbnf", "/etc/passwd", "sub", "", "nul\x00l"]
+)
 def test_read_grammar_refuses_everything_else(dirs: tuple[Path, Path], path: str) -> None:
     allowed, outside = dirs
     with pytest.raises(BadRequest, match="grammar_path"):
@@ -84,10 +89,12 @@ def test_forced_schema_puts_the_name_first() -> None:
 def test_constraints() -> None:
     assert constraint_of(req(), [], "none", None) is None
     assert constraint_of(req(response_format={"type": "text"}), [], "none", None) is None
-    assert constraint_of(req(enable_json=True, response_format={"type": "json_object"}), [], "none", None) == Constraint(
-        "json_schema", '{"type": "object"}', "response_format")
-    assert constraint_of(req(grammar_string="root ::= x"), [], "none", None) == Constraint("gbnf", "root ::= x",
-                                                                                           "grammar_string")
+    assert constraint_of(
+        req(enable_json=True, response_format={"type": "json_object"}), [], "none", None
+    ) == Constraint("json_schema", '{"type": "object"}', "response_format")
+    assert constraint_of(req(grammar_string="root ::= x"), [], "none", None) == Constraint(
+        "gbnf", "root ::= x", "grammar_string"
+    )
     with pytest.raises(BadRequest, match="only one"):
         constraint_of(req(grammar_string="root ::= x", enable_json=True), [], "none", None)
     with pytest.raises(BadRequest, match="empty"):

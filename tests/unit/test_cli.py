@@ -14,7 +14,7 @@ README = Path(__file__).resolve().parents[2] / "README.md"
 
 def readme_flags() -> set[str]:
     text = README.read_text()
-    table = text[text.index("| flag | default | meaning |"):]
+    table = text[text.index("| flag | default | meaning |") :]
     table = table[: table.index("\n\n")]
     return set(re.findall(r"^\| `(--[a-z-]+)`", table, flags=re.M))
 

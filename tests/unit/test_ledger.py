@@ -49,7 +49,9 @@ def test_upsert_aggregates_per_day_model_key_user(tmp_path: Path) -> None:
     led.record(MODEL, "k2", "", 3, 4, ts=t)
     led.record("other/model:Q8_0", "k1", "", 2, 2, ts=t)
     rows = led.rows()
-    assert [(r.model, r.key, r.user, r.requests, r.prompt_tokens, r.completion_tokens, r.total_tokens) for r in rows] == [
+    assert [
+        (r.model, r.key, r.user, r.requests, r.prompt_tokens, r.completion_tokens, r.total_tokens) for r in rows
+    ] == [
         (MODEL, "k1", "", 2, 22, 12, 34),
         (MODEL, "k1", "alice", 1, 1, 1, 2),
         (MODEL, "k2", "", 1, 3, 4, 7),

@@ -56,7 +56,7 @@ def test_every_name_is_exported_with_the_model_label() -> None:
     t.finish(10, 3, "ok")
     text = generate_latest(m.registry).decode()
     for name in NAMES:
-        assert f'{name}{{' in text and f'model="{M}"' in text.split(name + "{", 1)[1].split("\n", 1)[0], name
+        assert f"{name}{{" in text and f'model="{M}"' in text.split(name + "{", 1)[1].split("\n", 1)[0], name
     assert "\nprocess_resident_memory_bytes " in text
 
 
@@ -69,7 +69,11 @@ def test_recorder_moves_counters_and_histograms() -> None:
     assert val(m, "llamacpp:prompt_tokens_total", model=M) == 20 == val(m, "vllm:prompt_tokens_total", model=M)
     assert val(m, "llamacpp:tokens_predicted_total", model=M) == 5 == val(m, "vllm:generation_tokens_total", model=M)
     assert val(m, "geniex:requests_total", model=M, outcome="ok") == 1
-    for h in ("vllm:time_to_first_token_seconds", "vllm:time_per_output_token_seconds", "vllm:e2e_request_latency_seconds"):
+    for h in (
+        "vllm:time_to_first_token_seconds",
+        "vllm:time_per_output_token_seconds",
+        "vllm:e2e_request_latency_seconds",
+    ):
         assert val(m, f"{h}_count", model=M) == 1, h
     # An error before any token: counted, but no latency and no tokens; a cancelled one keeps its tokens.
     m.timer(M).finish(0, 0, "error")
@@ -100,13 +104,18 @@ def test_time_per_output_token_is_the_mean_gap_after_the_first() -> None:
 
 def test_scrape_time_gauges_from_the_pool() -> None:
     m = Metrics(process=False)
-    pool = SimpleNamespace(workers={1: fake_worker(6, 4, os.getpid()), 2: fake_worker(1, 2), 3: fake_worker(0, None, status="starting")})
+    pool = SimpleNamespace(
+        workers={1: fake_worker(6, 4, os.getpid()), 2: fake_worker(1, 2), 3: fake_worker(0, None, status="starting")}
+    )
     m.watch(pool)
     assert val(m, "llamacpp:requests_processing", model=M) == 5 == val(m, "vllm:num_requests_running", model=M)
     assert val(m, "llamacpp:requests_deferred", model=M) == 2 == val(m, "vllm:num_requests_waiting", model=M)
     rss = val(m, "geniex:worker_resident_memory_bytes", model=M, worker="model.cpu.6", pid=str(os.getpid()))
     assert rss > 1_000_000
-    assert val(m, "geniex:workers", model=M, state="busy") == 2 and val(m, "geniex:workers", model=M, state="starting") == 1
+    assert (
+        val(m, "geniex:workers", model=M, state="busy") == 2
+        and val(m, "geniex:workers", model=M, state="starting") == 1
+    )
     pool.workers.clear()
     assert val(m, "vllm:num_requests_running", model=M) == 0
     m.watch(None)
@@ -160,13 +169,18 @@ async def test_sse_counts_before_the_final_bytes_and_on_errors_and_disconnects()
 
     # the worker dies mid-stream: an error, but the tokens the client got are billed
     c, m, billed = accounted()
-    chunks = [chunk async for chunk in sse(c, shapers(), (0, Delta(1, "a", 1)), feed(Delta(1, "b", 2), WorkerDied("gone")), False)]
+    chunks = [
+        chunk
+        async for chunk in sse(c, shapers(), (0, Delta(1, "a", 1)), feed(Delta(1, "b", 2), WorkerDied("gone")), False)
+    ]
     assert b"gone" in chunks[-2] and billed == [(0, 2)]
     assert val(m, "geniex:requests_total", model=M, outcome="error") == 1
 
     # the client goes away after two chunks: cancelled, its generated tokens still counted
     c, m, billed = accounted()
-    gen = sse(c, shapers(), (0, Delta(1, "a", 1)), feed(Delta(1, "b", 2), Delta(1, "c", 3), Done(1, "stop", 4, 3)), False)
+    gen = sse(
+        c, shapers(), (0, Delta(1, "a", 1)), feed(Delta(1, "b", 2), Delta(1, "c", 3), Done(1, "stop", 4, 3)), False
+    )
     await anext(gen)
     await anext(gen)
     await gen.aclose()

@@ -110,7 +110,9 @@ def test_wire_round_trip_and_older_messages_still_decode() -> None:
     from protocol.wire import Done, Generate, gateway_codec, worker_codec
 
     g, w = gateway_codec(), worker_codec()
-    msg = Generate(req_id=1, log_id="r", prompt="x", speculation=Speculation(type="draft-simple", n_max=4, draft_path="/m.gguf"))
+    msg = Generate(
+        req_id=1, log_id="r", prompt="x", speculation=Speculation(type="draft-simple", n_max=4, draft_path="/m.gguf")
+    )
     assert w.decode(g.encode(msg)) == msg
     assert w.decode(g.encode(Generate(req_id=2, log_id="r", prompt="x"))).speculation is None
     done = Done(1, "stop", 5, 7, 0, accepted_tokens=4, rejected_tokens=2)

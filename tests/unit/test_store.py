@@ -134,8 +134,22 @@ def test_resolve_unknown_names_the_pull_command(store: ModelStore, tmp_path: Pat
 
 @pytest.mark.parametrize(
     "name",
-    ["../x", "/etc/passwd", "org/../etc", "org/..", "../../etc:passwd", "org\\repo", "org/", "/repo", "org/repo:",
-     "a/b/c", "", "org/.hidden", ".partial/x", "org/repo:../x"],
+    [
+        "../x",
+        "/etc/passwd",
+        "org/../etc",
+        "org/..",
+        "../../etc:passwd",
+        "org\\repo",
+        "org/",
+        "/repo",
+        "org/repo:",
+        "a/b/c",
+        "",
+        "org/.hidden",
+        ".partial/x",
+        "org/repo:../x",
+    ],
 )
 def test_resolve_rejects_names_that_could_escape(store: ModelStore, name: str) -> None:
     with pytest.raises(ModelNotFound):

@@ -106,7 +106,9 @@ async def test_closing_a_generation_cancels_it_on_the_worker(make_pool: MakePool
     assert len(await answer(h, ask(max_tokens=3))) == 5  # the slot was freed
 
 
-async def test_a_crash_fails_every_request_at_once_and_a_crash_loop_backs_off(make_pool: MakePool, tmp_path: Path) -> None:
+async def test_a_crash_fails_every_request_at_once_and_a_crash_loop_backs_off(
+    make_pool: MakePool, tmp_path: Path
+) -> None:
     pool = make_pool(crash_limit=2, crash_window=60.0, crash_backoff=30.0)
     entry = fake_model(tmp_path, "crash", tokens=100, delay_ms=5, crash_after=6)
     h = await worker(pool, entry)
@@ -132,7 +134,9 @@ async def test_a_worker_that_never_loads_times_out_and_is_killed(make_pool: Make
     assert not [p for p in psutil.Process().children() if "fake" in " ".join(p.cmdline()) and p.status() != "zombie"]
 
 
-async def test_busy_workers_share_the_cores_and_one_left_alone_gets_them_all(make_pool: MakePool, tmp_path: Path) -> None:
+async def test_busy_workers_share_the_cores_and_one_left_alone_gets_them_all(
+    make_pool: MakePool, tmp_path: Path
+) -> None:
     cores = psutil.cpu_count(logical=False) or 1
     if cores < 2:
         pytest.skip("needs two cores to share")

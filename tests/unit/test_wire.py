@@ -21,7 +21,11 @@ def test_round_trip_each_direction() -> None:
                    sampling=Sampling(temperature=0, seed=5))  # fmt: skip
     assert w.decode(g.encode(msg)) == msg
     assert w.decode(g.encode(Cancel(3))) == Cancel(3)
-    for reply in (Delta(3, "hi", 1), Done(3, "stop", 4, 1), Ready(protocol_version=1, pid=1, engine="e", compute="cpu", n_ctx=8)):
+    for reply in (
+        Delta(3, "hi", 1),
+        Done(3, "stop", 4, 1),
+        Ready(protocol_version=1, pid=1, engine="e", compute="cpu", n_ctx=8),
+    ):
         assert g.decode(w.encode(reply)) == reply
 
 

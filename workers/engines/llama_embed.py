@@ -49,8 +49,6 @@ POOLING_NAMES = {L.LLAMA_POOLING_TYPE_NONE: "none", L.LLAMA_POOLING_TYPE_MEAN: "
                  L.LLAMA_POOLING_TYPE_RANK: "rank"}  # fmt: skip
 
 
-
-
 class LlamaEmbedEngine(QueuedEngine):
     name = "llama_cpp"
     serves = (Embed, Rerank)
@@ -219,4 +217,3 @@ class LlamaEmbedEngine(QueuedEngine):
 
 def load(opts: EngineOptions) -> LlamaEmbedEngine:
     return LlamaEmbedEngine(opts)
-

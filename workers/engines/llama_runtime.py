@@ -96,7 +96,9 @@ def tokenize(vocab: ctypes.c_void_p, text: str, *, add_special: bool, parse_spec
     raise EngineError("llama.cpp could not tokenize the input", kind=ErrorKind.ENGINE)
 
 
-def piece(vocab: ctypes.c_void_p, token: int, special: bool = True, buf: ctypes.Array[ctypes.c_char] | None = None) -> bytes:
+def piece(
+    vocab: ctypes.c_void_p, token: int, special: bool = True, buf: ctypes.Array[ctypes.c_char] | None = None
+) -> bytes:
     """The bytes of one token (empty for a negative id); `buf` saves an allocation per token."""
     if token < 0:
         return b""
@@ -170,5 +172,7 @@ class Threads:
         if n != self.n:
             for ctx in self._contexts():
                 L.llama_set_n_threads(ctx, n, n)
-            log.debug("threads changed", old=self.n, new=n, cap=self.governor.cap, others_busy=round(self.governor.others, 2))
+            log.debug(
+                "threads changed", old=self.n, new=n, cap=self.governor.cap, others_busy=round(self.governor.others, 2)
+            )
             self.n = n

@@ -124,7 +124,9 @@ def register_qnn() -> list[Any]:
     try:
         import onnxruntime_qnn
     except ImportError:
-        raise EngineError("compute npu needs the onnxruntime-qnn package, which is not installed", kind=ErrorKind.ENGINE) from None
+        raise EngineError(
+            "compute npu needs the onnxruntime-qnn package, which is not installed", kind=ErrorKind.ENGINE
+        ) from None
     if not _qnn_registered:
         ort.register_execution_provider_library(QNN, onnxruntime_qnn.get_library_path())
         _qnn_registered = True
@@ -149,7 +151,9 @@ class OnnxEngine(QueuedEngine):
             raise EngineError(f"{self.model_file} does not exist", kind=ErrorKind.ENGINE)
         tok_file = self.folder / "tokenizer.json"
         if not tok_file.is_file():
-            raise EngineError(f"{tok_file} does not exist: an ONNX model needs its tokenizer.json", kind=ErrorKind.ENGINE)
+            raise EngineError(
+                f"{tok_file} does not exist: an ONNX model needs its tokenizer.json", kind=ErrorKind.ENGINE
+            )
         self.tokenizer = Tokenizer.from_file(str(tok_file))
         padding = self.tokenizer.padding
         self.pad_id = padding["pad_id"] if padding else self.tokenizer.token_to_id("[PAD]") or 0
@@ -278,7 +282,9 @@ class OnnxEngine(QueuedEngine):
         for name in (*HIDDEN_OUTPUTS, *outputs):
             if name in outputs and len(outputs[name].shape) in (2, 3):
                 return name, False
-        raise EngineError(f"no output of this ONNX model is an embedding or a score: {list(outputs)}", kind=ErrorKind.ENGINE)
+        raise EngineError(
+            f"no output of this ONNX model is an embedding or a score: {list(outputs)}", kind=ErrorKind.ENGINE
+        )
 
     # ---- forward -----------------------------------------------------------
 
@@ -310,7 +316,7 @@ class OnnxEngine(QueuedEngine):
             mask[i, :n] = 1
             if s.type_ids is not None:
                 types[i, :n] = s.type_ids
-        mask[len(seqs):, 0] = 1  # padding rows: one visible token, so no row divides by zero
+        mask[len(seqs) :, 0] = 1  # padding rows: one visible token, so no row divides by zero
         feed = {"input_ids": ids, "attention_mask": mask, "token_type_ids": types}
         (out,) = session.run([self.output], {name: feed[name] for name in self.input_names if name in feed})
         out = out[: len(seqs)]

@@ -137,7 +137,7 @@ class ThreadGovernor:
         assert self._trial is not None
         fewer, before = self._trial
         self._trial = None
-        tried = list(self._steps)[-self._trial_steps:]
+        tried = list(self._steps)[-self._trial_steps :]
         ratios = [s / before[k] for _t, k, s in tried if before.get(k)]
         if ratios and statistics.median(ratios) > TRIAL_GAIN:
             self.threads = fewer

@@ -102,7 +102,8 @@ def _inline_tools(messages: list[dict[str, Any]], tools: list[dict[str, Any]] | 
         calls = m.get("tool_calls")
         if calls:
             text = "\n".join(
-                "<tool_call>" + json.dumps({"name": c["function"]["name"], "arguments": c["function"]["arguments"]})
+                "<tool_call>"
+                + json.dumps({"name": c["function"]["name"], "arguments": c["function"]["arguments"]})
                 + "</tool_call>"
                 for c in calls
             )
