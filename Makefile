@@ -6,7 +6,7 @@ PIP := $(PY) -m pip --disable-pip-version-check -q
 # Portable build: a native one may use instructions (e.g. AMX) that a VM advertises but traps.
 export CMAKE_ARGS ?= -DGGML_NATIVE=OFF
 
-.PHONY: install install-test bytecode serve test bench clean
+.PHONY: install install-test bytecode check serve test bench clean
 
 $(VENV)/.stamp-install: pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -34,7 +34,13 @@ bytecode: $(VENV)/.stamp-install
 serve: install bytecode
 	$(VENV)/bin/geniex serve
 
-test: install-test bytecode
+# Lint, format and types first: they take seconds, the suite minutes.
+check: install-test
+	$(VENV)/bin/ruff check gateway workers protocol tests bench
+	$(VENV)/bin/ruff format --check gateway workers protocol tests bench
+	$(VENV)/bin/mypy
+
+test: install-test bytecode check
 	$(PY) -m pytest -q
 
 bench: install-test bytecode
