@@ -14,7 +14,7 @@ import msgspec
 
 from gateway.errors import GenieXError
 from gateway.models.store import ModelEntry, ModelStore
-from gateway.ops.settings import default_data_dir
+from gateway.ops.settings import add_data_dir, default_data_dir
 
 Command = Callable[[argparse.Namespace], int]
 
@@ -28,29 +28,18 @@ def add_model_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser])
         metavar="PATH",
         help="import this GGUF file, or ONNX model folder (model.onnx + tokenizer.json), instead of downloading",
     )
-    _add_data_dir(p)
+    add_data_dir(p)
     p.set_defaults(func=_guarded(_pull))
 
     p = sub.add_parser("list", help="list the models available locally")
     p.add_argument("--json", action="store_true", help="print a JSON array instead of a table")
-    _add_data_dir(p)
+    add_data_dir(p)
     p.set_defaults(func=_guarded(_list))
 
     p = sub.add_parser("rm", help="remove a model variant (org/repo:precision) or every variant (org/repo)")
     p.add_argument("name")
-    _add_data_dir(p)
+    add_data_dir(p)
     p.set_defaults(func=_guarded(_rm))
-
-
-def _add_data_dir(p: argparse.ArgumentParser) -> None:
-    # Default resolved at run time, so GENIEX_DATADIR set after the parser is built still counts.
-    p.add_argument(
-        "--data-dir",
-        type=Path,
-        default=None,
-        metavar="DIR",
-        help="default: $GENIEX_DATA_DIR, $GENIEX_DATADIR or ~/.cache/geniex",
-    )
 
 
 def _store(args: argparse.Namespace) -> ModelStore:

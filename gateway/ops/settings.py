@@ -2,12 +2,20 @@
 
 from __future__ import annotations
 
+import argparse
 import os
 from pathlib import Path
 
 import msgspec
 
 DEFAULT_HOST = "127.0.0.1:18181"
+
+
+def add_data_dir(p: argparse.ArgumentParser) -> None:
+    """`--data-dir` for the commands that read the store or the ledger. The default is resolved
+    when the command runs, so GENIEX_DATA_DIR set after the parser is built still counts."""
+    p.add_argument("--data-dir", type=Path, default=None, metavar="DIR",
+                   help="default: $GENIEX_DATA_DIR, $GENIEX_DATADIR or ~/.cache/geniex")  # fmt: skip
 
 
 def default_data_dir() -> Path:

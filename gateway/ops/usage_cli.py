@@ -9,12 +9,11 @@ from __future__ import annotations
 import argparse
 import sqlite3
 import sys
-from pathlib import Path
 
 import msgspec
 
 from gateway.ops.ledger import UsageRow, check_day, open_readonly, query
-from gateway.ops.settings import default_data_dir
+from gateway.ops.settings import add_data_dir, default_data_dir
 
 
 def add_usage_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -22,13 +21,7 @@ def add_usage_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) 
     p.add_argument("--json", action="store_true", help="print a JSON array instead of a table")
     p.add_argument("--since", type=_day, metavar="YYYY-MM-DD", help="only days on or after this UTC date")
     p.add_argument("--model", help="only this model id")
-    p.add_argument(
-        "--data-dir",
-        type=Path,
-        default=None,
-        metavar="DIR",
-        help="default: $GENIEX_DATA_DIR, $GENIEX_DATADIR or ~/.cache/geniex",
-    )
+    add_data_dir(p)
     p.set_defaults(func=_usage)
 
 

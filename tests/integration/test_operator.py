@@ -20,6 +20,7 @@ import pytest
 from tests.conftest import MODEL
 from tests.integration.test_lifecycle import (
     LONG,
+    _orphans,
     client_for,
     gguf_path,
     import_copy,
@@ -135,6 +136,7 @@ def test_sigterm_keeps_answering_ready_503_and_refuses_new_work_while_draining(s
     stream = client.chat.completions.create(model=MODEL, messages=LONG, stream=True, max_tokens=300, temperature=0)
     it = iter(stream)
     next(it)
+    pids = srv.worker_pids()
     srv.proc.send_signal(signal.SIGTERM)
     time.sleep(0.2)
     ready = httpx.get(f"{srv.base_url}/ready", timeout=5)
@@ -146,6 +148,9 @@ def test_sigterm_keeps_answering_ready_503_and_refuses_new_work_while_draining(s
     chunks = list(it)
     assert chunks[-1].choices[0].finish_reason == "length", "the stream in flight finished during the drain"
     assert srv.proc.wait(30) == 0
+    assert _orphans(pids) == []
+    with pytest.raises(httpx.ConnectError):
+        httpx.get(f"{srv.base_url}/health", timeout=2)
 
 
 def _nices(pid: int) -> set[int]:
