@@ -69,6 +69,8 @@ def _add_serve(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> argp
     a("--worker-nice", type=int, default=0,
       help="added to the workers' nice value (0..19; 0 by default: workers run at the gateway's priority. "
            "Above 0, any other busy program outranks inference; see the README)")  # fmt: skip
+    a("--cache-ram", dest="cache_ram_mb", type=int, default=1024,
+      help="MiB of host RAM per chat worker for saved prompt states (0: keep only what is in the slots)")  # fmt: skip
     a("--grammar-dir", dest="grammar_dirs", action="append", type=Path, default=[],
       help="a folder `grammar_path` may read GBNF files from (repeatable; none by default)")  # fmt: skip
     p.set_defaults(func=_serve)
@@ -144,6 +146,8 @@ def _serve(args: argparse.Namespace) -> int:
 
     if not 0 <= args.worker_nice <= 19:
         raise SystemExit(f"error: --worker-nice must be 0..19, not {args.worker_nice}")
+    if args.cache_ram_mb < 0:
+        raise SystemExit(f"error: --cache-ram must be 0 or more MiB, not {args.cache_ram_mb}")
     host, port = split_host(args.host)
     sock = _listen(host, port)
     settings = Settings(
@@ -170,6 +174,7 @@ def _serve(args: argparse.Namespace) -> int:
         grammar_dirs=args.grammar_dirs,
         stream_interval_ms=args.stream_interval_ms,
         worker_nice=args.worker_nice,
+        cache_ram_mb=args.cache_ram_mb,
     )
     configure_logging(settings.log_level)
     log = structlog.get_logger("gateway")

@@ -92,6 +92,10 @@ class GenerationRequest(msgspec.Struct, kw_only=True):
     ngl: int | None = None
     compute: Compute | None = None
     keep_alive: float | None = None
+    # Prompt caching: a cached prefix is reused only by requests with the same `cache_salt`
+    # (vLLM's name); `cache_prompt: false` (llama-server's name) neither reuses nor keeps one.
+    cache_salt: Annotated[str, Meta(max_length=256)] | None = None
+    cache_prompt: bool = True
 
 
 class ChatRequest(GenerationRequest, kw_only=True):

@@ -14,7 +14,7 @@ from typing import Any, Literal
 
 import msgspec
 
-PROTOCOL_VERSION = 2
+PROTOCOL_VERSION = 3
 
 # The speculation types a worker implements; the gateway refuses every other before sending.
 SpecType = Literal["ngram-simple", "ngram-map-k", "draft-simple"]
@@ -81,7 +81,7 @@ class Generate(msgspec.Struct, tag="generate", array_like=True, omit_defaults=Tr
     max_tokens: int | None = None
     stop: list[str] = []
     sampling: Sampling = Sampling()
-    keep_cache: bool = False
+    keep_cache: bool = False  # GenieX-KeepCache: the conversation's cached state is kept, not evicted
     speculation: Speculation | None = None
     # Output constraints and extras (issue 4); appended, since array_like is positional.
     constraint: Constraint | None = None
@@ -90,6 +90,10 @@ class Generate(msgspec.Struct, tag="generate", array_like=True, omit_defaults=Tr
     special: bool = False  # render control tokens (<|channel|>, [TOOL_CALLS]) so the gateway can parse them
     tools: list[dict[str, Any]] | None = None  # OpenAI tool definitions, for the chat template
     suffix: str | None = None  # with `prompt`: fill in the middle, between prompt and suffix
+    # Prompt caching: reuse a cached prefix and keep this request's state when it completes
+    # (`cache`), only among requests of the same `cache_key` (the tenant, narrowed by cache_salt).
+    cache: bool = True
+    cache_key: str = ""
 
 
 class Logits(msgspec.Struct, tag="logits", array_like=True):
@@ -186,6 +190,9 @@ class Started(msgspec.Struct, tag="started", array_like=True, omit_defaults=True
     prompt_tokens: int
     cached_tokens: int = 0
     reasoning_open: bool = False
+    # The worker's prompt cache after this admission: bytes held in RAM, entries evicted so far.
+    cache_bytes: int = 0
+    cache_evictions: int = 0
 
 
 class TokenLogprob(msgspec.Struct, array_like=True, gc=False):

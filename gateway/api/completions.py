@@ -17,7 +17,7 @@ from gateway.api.disconnect import unless_disconnected
 from gateway.api.encoding import encode
 from gateway.api.request_id import current_request_id
 from gateway.api.services import Services
-from gateway.chat.convert import sampling_of, seeded, stop_list
+from gateway.chat.convert import cache_key, sampling_of, seeded, stop_list
 from gateway.errors import BadRequest
 from protocol import wire
 from protocol.completions import (
@@ -81,6 +81,8 @@ async def completions(
         sampling=sampling_of(data),
         suffix=data.suffix,
         logprobs=data.logprobs if data.logprobs is not None else -1,
+        cache=data.cache_prompt,
+        cache_key=cache_key(data),
     )
     total = len(prompts) * data.n
     accounting = services.accounting(entry.id, request.headers.get("authorization"), data.user)

@@ -28,6 +28,8 @@ class WorkerInfo(msgspec.Struct):
     exit_reason: str | None = None
     engine: str | None = None
     provider: str | None = None  # what ran the model, as the worker measured it (e.g. QNNExecutionProvider)
+    cache_bytes: int = 0  # host RAM in saved prompt states
+    cache_evictions: int = 0
 
 
 class WorkerTable(msgspec.Struct):
@@ -79,6 +81,8 @@ async def workers(services: Services) -> WorkerTable:
                 exit_reason=h.exit_reason,
                 engine=h.ready_info.engine if h.ready_info else h.spec.engine,
                 provider=(h.ready_info.provider or None) if h.ready_info else None,
+                cache_bytes=h.cache_bytes,
+                cache_evictions=h.cache_evictions,
             )
         )
     return WorkerTable(object="list", data=rows)

@@ -60,7 +60,8 @@ class Completion:
     def settle(self, outcome: str) -> None:
         """Count the request once, in the metrics and the ledger, whichever exit the relay takes."""
         u = self.usage()
-        self.accounting.settle(outcome, u.prompt_tokens, u.completion_tokens)
+        cached = u.prompt_tokens_details.cached_tokens if u.prompt_tokens_details else 0
+        self.accounting.settle(outcome, u.prompt_tokens, u.completion_tokens, cached)
 
     def settle_done(self, index: int, done: Done) -> bool:
         """Record one choice's Done; True (and the request settled) once every choice is done."""
@@ -87,8 +88,9 @@ class Completion:
             groups[i // self.per_prompt] = max(groups.get(i // self.per_prompt, 0), d.prompt_tokens)
         prompt = sum(groups.values())
         completion = sum(dones[i].completion_tokens if i in dones else self.tokens[i] for i in range(self.n))
-        first = dones.get(0)
-        details = PromptTokensDetails(cached_tokens=first.cached_tokens) if first and first.cached_tokens else None
+        # Each prompt's reused tokens as its first choice reports them (the prompt is billed once).
+        cached = sum(d.cached_tokens for i, d in dones.items() if i % self.per_prompt == 0)
+        details = PromptTokensDetails(cached_tokens=cached) if cached else None
         spec = None
         if self.speculative and dones:
             spec = CompletionTokensDetails(

@@ -3,6 +3,7 @@ and how its answer is shaped."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 from typing import Any
@@ -63,6 +64,15 @@ def _logit_bias(bias: dict[str, float] | None) -> list[tuple[int, float]]:
             raise BadRequest(f"`logit_bias[{key}]`: a bias is between -100 and 100")
         out.append((token, float(value)))
     return out
+
+
+def cache_key(req: GenerationRequest, tenant: str = "") -> str:
+    """Whose cached prompts this request may reuse: its tenant's (one tenant until the server has
+    API keys), narrowed by `cache_salt`. Requests with different keys never share a prefix."""
+    salt = req.cache_salt or ""
+    if not tenant and not salt:
+        return ""
+    return hashlib.blake2s(f"{tenant}\0{salt}".encode(), digest_size=8).hexdigest()
 
 
 def sampling_of(req: GenerationRequest) -> Sampling:
@@ -158,6 +168,8 @@ def plan_chat(req: ChatRequest, log_id: str, store: ModelStore, grammar_dirs: li
         stop=stop_list(req.stop),
         sampling=sampling_of(req),
         keep_cache=keep_cache,
+        cache=req.cache_prompt,
+        cache_key=cache_key(req),
         speculation=speculation_of(req, store),
         constraint=constraint_of(req, grammar_dirs, tools, forced),
         logit_bias=_logit_bias(req.logit_bias),

@@ -39,15 +39,16 @@ class Accounting:
     def first_token(self) -> None:
         self.timer.first_token()
 
-    def settle(self, outcome: str, prompt_tokens: int, completion_tokens: int) -> None:
-        """Count the request once, in the metrics and the ledger; later calls are ignored."""
+    def settle(self, outcome: str, prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0) -> None:
+        """Count the request once, in the metrics and the ledger; later calls are ignored.
+        `cached_tokens`: the prompt tokens whose KV was reused rather than computed."""
         if self.settled:
             return
         self.settled = True
         # Read by the request's summary log line (same task, same context).
         structlog.contextvars.bind_contextvars(outcome=outcome, prompt_tokens=prompt_tokens,
                                                completion_tokens=completion_tokens)  # fmt: skip
-        self.timer.finish(prompt_tokens, completion_tokens, outcome)
+        self.timer.finish(prompt_tokens, completion_tokens, outcome, cached_tokens)
         # The ledger bills what was answered: a finished request, or the tokens a cut-short one got.
         if self.record is not None and (outcome == "ok" or completion_tokens > 0):
             try:

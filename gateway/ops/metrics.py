@@ -17,7 +17,7 @@ from collections.abc import Iterator, Mapping
 from typing import Any, Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, ProcessCollector
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 OUTCOMES = ("ok", "error", "cancelled")
@@ -47,6 +47,10 @@ class WorkerLike(Protocol):
     def pid(self) -> int | None: ...
     @property
     def status(self) -> str: ...
+    @property
+    def cache_bytes(self) -> int: ...
+    @property
+    def cache_evictions(self) -> int: ...
     def rss(self) -> int | None: ...
 
 
@@ -58,7 +62,7 @@ class PoolLike(Protocol):
 class _ModelSeries:
     """The labelled children of one model, looked up once: `.labels()` costs a lock and a dict."""
 
-    __slots__ = ("e2e", "generated", "outcome", "prompt", "tpot", "ttft")
+    __slots__ = ("cache_hits", "cached", "e2e", "generated", "outcome", "prompt", "tpot", "ttft")
 
     def __init__(self, m: Metrics, model: str) -> None:
         self.prompt = (m.prompt_tokens.labels(model), m.vllm_prompt_tokens.labels(model))
@@ -67,6 +71,8 @@ class _ModelSeries:
         self.tpot = m.tpot.labels(model)
         self.e2e = m.e2e.labels(model)
         self.outcome = {o: m.requests.labels(model, o) for o in OUTCOMES}
+        self.cache_hits = m.cache_hits.labels(model)
+        self.cached = m.cache_reused_tokens.labels(model)
         # Zero-valued series from the first request on, so `rate()` and alerts see a model's
         # lifecycle counters before the first crash rather than a missing series.
         for c in (m.worker_starts, m.worker_crashes, m.worker_evictions):
@@ -99,6 +105,11 @@ class Metrics:
         )
         self.worker_evictions = Counter("geniex:worker_evictions", "Workers stopped to free memory or slots.",
                                         ["model"], registry=r)  # fmt: skip
+        self.cache_hits = Counter("geniex:prompt_cache_hits", "Requests that reused a cached prompt prefix.",
+                                  ["model"], registry=r)  # fmt: skip
+        self.cache_reused_tokens = Counter("geniex:prompt_cache_reused_tokens",
+                                           "Prompt tokens whose KV came from the prompt cache, not a prefill.",
+                                           ["model"], registry=r)  # fmt: skip
         r.register(_PoolCollector(self))
         if process:  # process_resident_memory_bytes and friends, for the gateway itself
             ProcessCollector(registry=r)
@@ -151,7 +162,7 @@ class RequestTimer:
         if not self.first:
             self.first = time.perf_counter()
 
-    def finish(self, prompt_tokens: int, generated: int, outcome: str) -> None:
+    def finish(self, prompt_tokens: int, generated: int, outcome: str, cached: int = 0) -> None:
         """Record the request once; later calls are ignored (a relay may reach two exits)."""
         if self._done:
             return
@@ -161,6 +172,9 @@ class RequestTimer:
         if prompt_tokens > 0:
             for c in s.prompt:
                 c.inc(prompt_tokens)
+        if cached > 0:
+            s.cache_hits.inc()
+            s.cached.inc(cached)
         if generated > 0:
             for c in s.generated:
                 c.inc(generated)
@@ -188,7 +202,7 @@ class _PoolCollector(Collector):
         pool = self._m.pool
         workers = list(pool.workers.values()) if pool is not None else []
         fams = self._families()
-        processing, deferred, running, waiting, rss, states = fams
+        processing, deferred, running, waiting, rss, states, cache_bytes, cache_evictions = fams
         per_model: dict[str, list[int]] = {}
         per_state: dict[tuple[str, str], int] = {}  # several workers of one model may share a state
         for h in workers:
@@ -203,6 +217,8 @@ class _PoolCollector(Collector):
             mem = h.rss()
             if mem is not None:
                 rss.add_metric([model, h.key.slug, str(h.pid)], mem)
+            cache_bytes.add_metric([model, h.key.slug], h.cache_bytes)
+            cache_evictions.add_metric([model, h.key.slug], h.cache_evictions)
         for model, (run, wait) in per_model.items():
             processing.add_metric([model], run)
             running.add_metric([model], run)
@@ -213,7 +229,7 @@ class _PoolCollector(Collector):
         return iter(fams)
 
     @staticmethod
-    def _families() -> list[GaugeMetricFamily]:
+    def _families() -> list[GaugeMetricFamily | CounterMetricFamily]:
         return [
             GaugeMetricFamily("llamacpp:requests_processing", "Requests decoding in a slot.", labels=["model"]),
             GaugeMetricFamily("llamacpp:requests_deferred", "Requests admitted, waiting for a slot.", labels=["model"]),
@@ -225,4 +241,14 @@ class _PoolCollector(Collector):
                 labels=["model", "worker", "pid"],
             ),
             GaugeMetricFamily("geniex:workers", "Worker processes by state.", labels=["model", "state"]),
+            GaugeMetricFamily(
+                "geniex:prompt_cache_bytes",
+                "Host RAM each worker holds in saved prompt states.",
+                labels=["model", "worker"],
+            ),
+            CounterMetricFamily(
+                "geniex:prompt_cache_evictions",
+                "Saved prompt states each worker dropped for room.",
+                labels=["model", "worker"],
+            ),
         ]

@@ -81,6 +81,7 @@ class WorkerSpec(msgspec.Struct, frozen=True, kw_only=True):
     stream_interval_ms: int = 0
     nice: int = 0
     batch_tokens: int = 0  # an embedding engine's tokens per decode (0: the engine's default)
+    cache_ram_mb: int = 0  # the chat engine's prompt cache in host RAM
 
     def argv(self, inbox: str, outbox: str) -> list[str]:
         return [
@@ -95,6 +96,7 @@ class WorkerSpec(msgspec.Struct, frozen=True, kw_only=True):
             "--stream-interval-ms", str(self.stream_interval_ms),
             "--nice", str(self.nice),
             "--batch-tokens", str(self.batch_tokens),
+            "--cache-ram-mb", str(self.cache_ram_mb),
             "--inbox", inbox,
             "--outbox", outbox,
             "--parent-pid", str(os.getpid()),
@@ -140,6 +142,8 @@ class WorkerHandle:
         self.exit_reason: str | None = None
         self.keepalive: float | None = None  # a request's `keep_alive` overrides --keepalive
         self.tokens_generated = 0
+        self.cache_bytes = 0  # the worker's prompt cache, as its last Started said
+        self.cache_evictions = 0
         self.threads: int | None = None  # the last SetThreads sent; None: the worker's own default
         self._events = events
         self._codec = gateway_codec()
@@ -301,6 +305,7 @@ class WorkerHandle:
                     p.n_tokens = msg.n_tokens
                     p.queue.put_nowait(msg)
             elif isinstance(msg, Started):
+                self.cache_bytes, self.cache_evictions = msg.cache_bytes, msg.cache_evictions
                 p = self._queues.get(msg.req_id)
                 if p is not None:
                     p.queue.put_nowait(msg)

@@ -158,7 +158,8 @@ class WorkerPool:
         parallel = s.parallel or default_parallel(key.nctx)
         engine = _worker_engine(entry)
         kv_tokens = embedding_kv_tokens(entry.path) if engine == "llama_embed" else key.nctx * parallel
-        need = estimate_worker_bytes(entry.path, kv_tokens)
+        cache_mb = s.cache_ram_mb if engine == "llama_cpp" else 0  # the chat engine's prompt cache
+        need = estimate_worker_bytes(entry.path, kv_tokens) + (cache_mb << 20)
         async with self._start_lock:
             await self._make_room(key, need)
             spec = WorkerSpec(
@@ -174,6 +175,7 @@ class WorkerPool:
                 stream_interval_ms=s.stream_interval_ms,
                 nice=s.worker_nice,
                 batch_tokens=EMBED_BATCH_TOKENS if engine == "llama_embed" else 0,
+                cache_ram_mb=cache_mb,
             )
             handle = WorkerHandle(spec, self.zctx, self.runtime_dir, self.events)
             self.workers[key] = handle

@@ -31,6 +31,7 @@ NAMES = [
     "vllm:e2e_request_latency_seconds_bucket",
     "geniex:worker_starts_total", "geniex:worker_crashes_total", "geniex:worker_evictions_total",
     "geniex:worker_resident_memory_bytes", "geniex:requests_total",
+    "geniex:prompt_cache_bytes", "geniex:prompt_cache_evictions_total",
 ]  # fmt: skip
 
 
@@ -45,6 +46,7 @@ def fake_worker(inflight: int, parallel: int | None, pid: int | None = None, sta
         ready_info=SimpleNamespace(parallel=parallel) if parallel is not None else None,
         inflight=inflight, pid=pid, status=status,
         rss=lambda: psutil.Process(pid).memory_info().rss if pid else None,
+        cache_bytes=1000, cache_evictions=2,
     )  # fmt: skip
 
 
@@ -85,6 +87,14 @@ def test_recorder_moves_counters_and_histograms() -> None:
     assert val(m, "vllm:generation_tokens_total", model=M) == 7
     assert val(m, "vllm:time_to_first_token_seconds_count", model=M) == 2
     assert val(m, "vllm:e2e_request_latency_seconds_count", model=M) == 1  # only successful requests
+
+
+def test_reused_prompt_tokens_are_counted() -> None:
+    m = Metrics(process=False)
+    m.timer(M).finish(30, 2, "ok", cached=25)
+    m.timer(M).finish(30, 2, "ok")
+    assert val(m, "geniex:prompt_cache_hits_total", model=M) == 1
+    assert val(m, "geniex:prompt_cache_reused_tokens_total", model=M) == 25
 
 
 def test_time_per_output_token_is_the_mean_gap_after_the_first() -> None:

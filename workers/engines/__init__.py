@@ -84,6 +84,7 @@ class EngineOptions(Protocol):
     threads: int
     stream_interval_ms: int  # 0: send each token's text as it comes
     batch_tokens: int  # an embedding engine's tokens per decode (0: its default)
+    cache_ram_mb: int  # the chat engine's prompt cache in host RAM (0: none)
 
 
 # name -> "module:factory"; the factory takes EngineOptions and returns a loaded Engine.

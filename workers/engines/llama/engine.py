@@ -91,7 +91,7 @@ class LlamaEngine:
             eos_token=piece(self.vocab, L.llama_vocab_eos(self.vocab)).decode(errors="replace"),
         )
         self.add_bos = bool(L.llama_vocab_get_add_bos(self.vocab))
-        self.slots = Slots(self.mem, self.parallel, self.nctx)
+        self.slots = Slots(self.ctx, self.mem, self.parallel, self.nctx, opts.cache_ram_mb << 20)
         self.speculator = Speculator(self.vocab, self.n_vocab, n_gpu_layers=self.n_gpu_layers, nctx=self.nctx,
                                      parallel=self.parallel, n_batch=N_BATCH)  # fmt: skip
         self.threads = Threads(threads, lambda: [self.ctx, *self.speculator.contexts()])
@@ -145,7 +145,7 @@ class LlamaEngine:
             acc, rej = (slot.spec.accepted, slot.spec.rejected) if slot.spec else (0, 0)
             emit(Done(req_id, "cancelled", prompt_tokens=slot.n_prompt, completion_tokens=slot.n_gen,
                       accepted_tokens=acc, rejected_tokens=rej))  # fmt: skip
-            self._release(slot)
+            self._release(slot, completed=False)
 
     def has_work(self) -> bool:
         return bool(self.slots.waiting or self.logit_jobs) or self.slots.running() > 0
@@ -212,7 +212,7 @@ class LlamaEngine:
             for slot in self.slots:
                 if slot.req is not None and slot.row >= 0:
                     emit(Failed(slot.req.req_id, ErrorKind.ENGINE, f"llama_decode failed with status {rc}"))
-                    self._release(slot)
+                    self._release(slot, completed=False)
             return
         for slot in self.slots:
             if slot.req is not None and slot.row >= 0:
@@ -282,11 +282,11 @@ class LlamaEngine:
         extra = {"spec": slot.spec.cfg.type, "accepted": acc, "rejected": rej} if slot.spec else {}
         log.info("generation done", request_id=req.log_id, finish=reason, prompt_tokens=slot.n_prompt,
                  completion_tokens=slot.n_gen, seconds=round(secs, 3), **extra)  # fmt: skip
-        self._release(slot)
+        self._release(slot, completed=True)
 
-    def _release(self, slot: Slot) -> None:
+    def _release(self, slot: Slot, *, completed: bool) -> None:
         self.speculator.release(slot)
-        self.slots.release(slot)
+        self.slots.release(slot, completed)
 
     # ---- /v1/logits --------------------------------------------------------
 

@@ -1,9 +1,15 @@
 """The chat engine's sequence slots: who waits, who runs in which KV sequence, what each keeps.
 
-A request waits in `Slots.waiting` (already tokenized, its sampler built) until a slot is free;
-`admit` gives it the slot whose kept KV shares the longest prefix with its prompt (a
-GenieX-KeepCache request) or an empty one, keeps the shared prefix's KV and drops the rest.
-`release` frees a slot and its KV, unless the request asked to keep it for the next turn.
+A request waits in `Slots.waiting` (already tokenized, its sampler built) until a slot is free.
+Prompt caching, automatic and per tenant (`Generate.cache_key`):
+
+- A slot whose request completed keeps its KV, tagged with the request's tenant. A cancelled or
+  failed request leaves nothing: its slot is cleared.
+- `admit` finds the longest token prefix the request may reuse: in a free slot of its tenant
+  (reused in place), in any other slot of its tenant, or in the RAM cache (`prompt_cache.py`)
+  (copied into the slot as a saved state). It keeps that prefix's KV and evaluates the rest.
+- Before a slot's kept KV is cut or overwritten, it is saved to the RAM cache, so a
+  conversation survives its slot being taken by another.
 """
 
 from __future__ import annotations
@@ -19,13 +25,20 @@ import structlog
 
 from protocol.wire import Generate, Speculation, Started, TokenLogprob
 from workers.engines import Emit
+from workers.engines.llama import prompt_cache
 from workers.engines.llama.draft_model import SpecState
+from workers.engines.llama.prompt_cache import PromptCache, common_prefix
 from workers.engines.llama.sampling import Sampler
 from workers.engines.llama.text_stream import TextStream
 
 log = structlog.get_logger("worker.llama")
 
 DEFAULT_MAX_TOKENS = 2048  # the spec's default for max_completion_tokens
+# Copying a saved state costs a memory copy of its whole KV (a few ms for thousands of tokens of a
+# small model), prefilling costs a forward pass per token: a copy pays off from a few tokens on.
+MIN_COPY_TOKENS = 16
+# Conversations shorter than this are not worth a place in the RAM cache.
+MIN_SAVE_TOKENS = 64
 
 
 @dataclass
@@ -50,6 +63,12 @@ class Slot:
     logprobs: list[TokenLogprob] | None = None  # tokens not yet sent, for a request that wants logprobs
     held: str = ""  # text waiting for the next Delta (see LlamaEngine._emit_text)
     last_emit: float = 0.0
+    # The kept KV (`history`) after the request: whose it is, whether a completed request that
+    # allows caching left it, whether GenieX-KeepCache asked to keep it, and when it was last used.
+    tenant: str = ""
+    cacheable: bool = False
+    pinned: bool = False
+    used: float = 0.0
 
 
 @dataclass
@@ -64,11 +83,13 @@ class Queued:
 
 
 class Slots:
-    def __init__(self, mem: ctypes.c_void_p, parallel: int, nctx: int) -> None:
+    def __init__(self, ctx: ctypes.c_void_p, mem: ctypes.c_void_p, parallel: int, nctx: int, cache_bytes: int) -> None:
+        self.ctx = ctx
         self.mem = mem
         self.nctx = nctx
         self.slots = [Slot(seq=i) for i in range(parallel)]
         self.waiting: deque[Queued] = deque()
+        self.cache = PromptCache(cache_bytes)
 
     def __iter__(self):  # type: ignore[no-untyped-def]
         return iter(self.slots)
@@ -97,11 +118,8 @@ class Slots:
                 return
             q = self.waiting.popleft()
             req, tokens = q.req, q.tokens
-            slot, reuse = self._pick(free, tokens, req.keep_cache)
-            # Keep the KV of the shared prefix, drop the rest; at least one prompt
-            # token must be evaluated so there are logits to sample from.
-            reuse = min(reuse, len(tokens) - 1)
-            L.llama_memory_seq_rm(self.mem, slot.seq, reuse, -1)
+            slot, reuse = self._place(free, req, tokens)
+            self._log(req, slot, len(tokens), reuse)
             slot.req = req
             slot.history = list(tokens)
             slot.pending_prompt = tokens[reuse:]
@@ -109,6 +127,9 @@ class Slots:
             slot.n_cached = reuse
             slot.n_past = reuse
             slot.n_gen = 0
+            slot.tenant = req.cache_key
+            slot.cacheable = False
+            slot.pinned = req.keep_cache
             wanted = req.max_tokens if req.max_tokens is not None else DEFAULT_MAX_TOKENS
             slot.max_tokens = max(1, min(wanted, self.nctx - len(tokens)))
             slot.sampler = q.sampler
@@ -117,45 +138,82 @@ class Slots:
             if req.speculation is not None:
                 slot.spec = speculate(req.speculation)
             slot.started = time.perf_counter()
-            emit(Started(req.req_id, len(tokens), reuse, q.reasoning_open))
-            log.debug("admitted", request_id=req.log_id, slot=slot.seq, prompt_tokens=len(tokens), reused_tokens=reuse,
-                      keep_cache=req.keep_cache, waiting=len(self.waiting))  # fmt: skip
+            emit(Started(req.req_id, len(tokens), reuse, q.reasoning_open, self.cache.bytes, self.cache.evictions))
 
-    @staticmethod
-    def _pick(free: list[Slot], tokens: list[int], keep_cache: bool) -> tuple[Slot, int]:
-        """A KeepCache request takes the free slot sharing the longest prefix; others take
-        an empty slot if there is one, so that kept caches survive for their next turn."""
-        if keep_cache:
-            best, best_n = free[0], 0
-            for slot in free:
-                n = _common_prefix(slot.history, tokens)
-                if n > best_n:
-                    best, best_n = slot, n
-            return best, best_n
-        empty = [s for s in free if not s.history]
-        return (empty or free)[0], 0
+    def _place(self, free: list[Slot], req: Generate, tokens: list[int]) -> tuple[Slot, int]:
+        """The slot for this prompt and how many of its tokens already have KV there: the longest
+        prefix of its tenant's, in place in a free slot or copied from another slot or the cache."""
+        # At least one prompt token must be evaluated, so that there are logits to sample from.
+        limit = len(tokens) - 1
+        own = [s for s in free if s.cacheable and s.tenant == req.cache_key] if req.cache else []
+        in_place, n_in = max(((s, min(common_prefix(s.history, tokens), limit)) for s in own),
+                             key=lambda c: c[1], default=(None, 0))  # fmt: skip
+        source: Slot | prompt_cache.Entry | None = None
+        n_copy = 0
+        if req.cache:
+            for s in self.slots:  # a busy slot's KV is valid up to what it has decoded
+                if s is not in_place and s.tenant == req.cache_key and (s.cacheable or s.req is not None):
+                    n = min(common_prefix(s.history, tokens), s.n_past, limit)
+                    if n > n_copy:
+                        source, n_copy = s, n
+            entry, n = self.cache.best(req.cache_key, tokens)
+            if min(n, limit) > n_copy:
+                source, n_copy = entry, min(n, limit)
+        if in_place is not None and n_in + MIN_COPY_TOKENS > n_copy:
+            self._keep(in_place, n_in)
+            L.llama_memory_seq_rm(self.mem, in_place.seq, n_in, -1)
+            return in_place, n_in
+        slot = min(free, key=lambda s: (bool(s.history), s.pinned, s.used))  # empty first, then unpinned LRU
+        self._keep(slot, 0)
+        reuse = n_copy if n_copy >= MIN_COPY_TOKENS and self._copy(source, slot) else 0
+        L.llama_memory_seq_rm(self.mem, slot.seq, reuse, -1)
+        return slot, reuse
+
+    def _keep(self, slot: Slot, kept: int) -> None:
+        """Before a slot's kept KV is cut to `kept` tokens: save the whole of it to the RAM cache."""
+        if slot.cacheable and len(slot.history) - kept >= MIN_SAVE_TOKENS and self.cache.cap:
+            state = prompt_cache.save(self.ctx, slot.seq)
+            if state is not None:
+                self.cache.put(slot.tenant, slot.history, state, slot.pinned)
+        slot.cacheable = False
+
+    def _copy(self, source: Slot | prompt_cache.Entry | None, slot: Slot) -> bool:
+        if source is None:
+            return False
+        state = source.state if isinstance(source, prompt_cache.Entry) else prompt_cache.save(self.ctx, source.seq)
+        return state is not None and prompt_cache.restore(self.ctx, self.mem, state, slot.seq)
+
+    def _log(self, req: Generate, slot: Slot, prompt_tokens: int, reuse: int) -> None:
+        log.debug("admitted", request_id=req.log_id, slot=slot.seq, prompt_tokens=prompt_tokens, reused_tokens=reuse,
+                  cache_entries=len(self.cache.entries), cache_bytes=self.cache.bytes,
+                  waiting=len(self.waiting))  # fmt: skip
 
     def scratch(self) -> Slot | None:
-        """A free slot whose KV may be used and cleared (for a logits pass), an empty one first."""
+        """A free slot whose KV may be used and cleared (for a logits pass), the least valuable first."""
         free = self.free()
         if not free:
             return None
-        slot = next((s for s in free if not s.history), free[0])
+        slot = min(free, key=lambda s: (bool(s.history), s.pinned, s.used))
+        self._keep(slot, 0)
         L.llama_memory_seq_rm(self.mem, slot.seq, -1, -1)
         slot.history = []
         return slot
 
-    def release(self, slot: Slot) -> None:
-        """Free the slot; its KV too, unless the request asked to keep it for the next turn."""
+    def release(self, slot: Slot, completed: bool) -> None:
+        """Free the slot. A completed request that allows caching leaves its KV for the next one
+        of its tenant; anything else leaves nothing."""
         if slot.sampler is not None:
             slot.sampler.free()
-        keep = slot.req is not None and slot.req.keep_cache and not slot.pending_prompt
-        if not keep:
-            L.llama_memory_seq_rm(self.mem, slot.seq, -1, -1)
-            slot.history = []
-        else:
+        req = slot.req
+        if completed and req is not None and req.cache and not slot.pending_prompt:
             # The last sampled token was never decoded, so its KV does not exist.
             slot.history = slot.history[: slot.n_past]
+            slot.cacheable = True
+        else:
+            L.llama_memory_seq_rm(self.mem, slot.seq, -1, -1)
+            slot.history = []
+            slot.cacheable = False
+        slot.used = time.monotonic()
         slot.req = None
         slot.sampler = None
         slot.text = None
@@ -168,16 +226,7 @@ class Slots:
     def close(self) -> None:
         for slot in self.slots:
             if slot.req is not None:
-                self.release(slot)
+                self.release(slot, completed=False)
         for q in self.waiting:
             q.sampler.free()
         self.waiting.clear()
-
-
-def _common_prefix(a: list[int], b: list[int]) -> int:
-    n = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        n += 1
-    return n
