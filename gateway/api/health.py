@@ -28,6 +28,7 @@ class WorkerInfo(msgspec.Struct):
     exit_reason: str | None = None
     engine: str | None = None
     provider: str | None = None  # what ran the model, as the worker measured it (e.g. QNNExecutionProvider)
+    cpu_features: str | None = None  # what the engine's build uses (llama.cpp: its system info)
     cache_bytes: int = 0  # host RAM in saved prompt states
     cache_evictions: int = 0
 
@@ -81,6 +82,7 @@ async def workers(services: Services) -> WorkerTable:
                 exit_reason=h.exit_reason,
                 engine=h.ready_info.engine if h.ready_info else h.spec.engine,
                 provider=(h.ready_info.provider or None) if h.ready_info else None,
+                cpu_features=(h.ready_info.cpu_features or None) if h.ready_info else None,
                 cache_bytes=h.cache_bytes,
                 cache_evictions=h.cache_evictions,
             )

@@ -43,7 +43,9 @@ CAPACITY_WAIT_S = 60.0
 
 
 def default_parallel(nctx: int) -> int:
-    """Slots per worker when --parallel is not set: more for short contexts, since KV grows with both."""
+    """Slots per worker when --parallel is not set: more for short contexts, since KV grows with both.
+    (Eight slots of a small model cost about 13% of the four-client throughput on this CPU, measured
+    with bench/versus.py, so four stays the ceiling; --parallel 8 serves eight clients at once.)"""
     return max(1, min(4, 16384 // max(nctx, 1)))
 
 
@@ -189,7 +191,7 @@ class WorkerPool:
                 await handle.stop(graceful=False)
                 raise
         log.info("worker ready", worker=key.slug, pid=ready.pid, seconds=round(time.perf_counter() - t0, 3),
-                 parallel=ready.parallel, n_ctx=ready.n_ctx, estimate_mb=need >> 20)  # fmt: skip
+                 parallel=ready.parallel, n_ctx=ready.n_ctx, estimate_mb=need >> 20, cpu_features=ready.cpu_features)  # fmt: skip
         return handle
 
     def _residents(self) -> list[Resident]:

@@ -161,7 +161,9 @@ def _nices(pid: int) -> set[int]:
 def test_workers_run_at_the_gateways_nice_and_answer_beside_a_busy_program(start) -> None:  # type: ignore[no-untyped-def]
     srv = start("--nctx", "512", "--preload", MODEL)
     base = psutil.Process(srv.proc.pid).nice()
-    assert _nices(workers(srv)[0]["pid"]) == {base}
+    row = workers(srv)[0]
+    assert _nices(row["pid"]) == {base}
+    assert row["cpu_features"], "the worker says which CPU features its llama.cpp build uses"
     hog = subprocess.Popen([sys.executable, "-c", "while 1: pass"])
     try:
         r = client_for(srv).chat.completions.create(model=MODEL, messages=LONG, max_tokens=50, temperature=0,

@@ -106,7 +106,9 @@ def test_usage_details_in_raw_json(server: ServerProcess) -> None:
 @pytest.mark.parametrize("sampling", [{}, {"extra_body": {"repetition_penalty": 1.1}}], ids=["default", "penalty"])
 def test_seeded_sampling_unchanged(client: openai.OpenAI, spec: str, sampling: dict[str, Any]) -> None:
     # Penalties remember accepted tokens: a second accept per token would show here.
-    kw = {"temperature": 0.9, "seed": 1234, **sampling}
+    # A seed whose sampled answer copies the list, so that there are drafts to verify: what a seed
+    # samples depends on the build's arithmetic (with AVX-512, seed 1234 answered in prose).
+    kw = {"temperature": 0.9, "seed": 7, **sampling}
     plain = chat(client, REPEAT, **kw)
     sped = chat(client, REPEAT, SPECS[spec], **kw)
     assert sped.choices[0].message.content == plain.choices[0].message.content

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from workers.engines.thread_governor import (
     HOLD_MIN_S,
     SAMPLE_S,
@@ -29,9 +31,11 @@ class Machine:
         return self.t, self.busy, self.own
 
 
-def governor(cap: int = 2, cpus: int = 2) -> tuple[ThreadGovernor, Machine]:
+def governor(
+    cap: int = 2, cpus: int = 2, runnable: Callable[[], int | None] = lambda: None
+) -> tuple[ThreadGovernor, Machine]:
     m = Machine()
-    return ThreadGovernor(cap, cpus=cpus, clock=m), m
+    return ThreadGovernor(cap, cpus=cpus, clock=m, runnable=runnable), m
 
 
 def run(g: ThreadGovernor, m: Machine, seconds: float, step_s: dict[int, float], tokens: int = 1) -> list[int]:
@@ -140,3 +144,30 @@ def test_two_busy_workers_with_the_gateways_shares_do_not_fight() -> None:
     ma.others = 0.0
     used = run(a, ma, 2.0, steps)
     assert used[-1] == 2
+
+
+def test_a_burst_that_ended_as_the_request_came_does_not_cost_the_first_step_a_thread() -> None:
+    running = {"now": 1}  # this thread alone is runnable when the request arrives
+    g, m = governor(runnable=lambda: running["now"])
+    g.idle()
+    m.others = 2.0  # another server answered until this very moment
+    m.advance(0.4)
+    assert g.threads_for_step() == 2
+    # ...but a program still running now does take its core
+    g2, m2 = governor(runnable=lambda: 2)
+    g2.idle()
+    m2.others = 1.0
+    m2.advance(0.4)
+    assert g2.threads_for_step() == 1
+
+
+def test_fewer_threads_on_a_reading_right_after_idle_are_tentative_until_a_fresh_one() -> None:
+    g, m = governor(runnable=lambda: 2)
+    g.idle()
+    m.others = 2.0
+    m.advance(0.4)
+    assert g.threads_for_step() == 1 and g.tentative  # the engine keeps this step short
+    m.others = 0.0
+    m.advance(0.3)
+    g.threads_for_step()
+    assert not g.tentative

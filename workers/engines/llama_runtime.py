@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import re
 from collections.abc import Callable, Iterable
 
 import llama_cpp as L
@@ -121,6 +122,12 @@ def meta(model: ctypes.c_void_p, key: str) -> str | None:
     return buf.value.decode(errors="replace")
 
 
+def cpu_features() -> str:
+    """The CPU features this llama.cpp build uses, from its own system info ("AVX2 F16C FMA ...")."""
+    info = L.llama_print_system_info().decode(errors="replace")
+    return " ".join(re.findall(r"(\w+) = 1", info))
+
+
 def ready(model: ctypes.c_void_p, *, engine: str, compute: str, n_ctx: int, parallel: int, load_seconds: float,
           description: str = "", **facts: object) -> Ready:  # fmt: skip
     """What a llama.cpp worker says of itself first: the model's own facts, and the engine's."""
@@ -139,6 +146,7 @@ def ready(model: ctypes.c_void_p, *, engine: str, compute: str, n_ctx: int, para
         model_bytes=L.llama_model_size(model),
         load_seconds=round(load_seconds, 3),
         description=f"{base} ({description})" if description else base,
+        cpu_features=cpu_features(),
         **facts,  # type: ignore[arg-type]  # the engine's own Ready fields
     )
 
@@ -164,6 +172,11 @@ class Threads:
 
     def before_step(self) -> None:
         self._use(self.governor.threads_for_step())
+
+    @property
+    def tentative(self) -> bool:
+        """Fewer threads than allowed, on a reading that may be stale: keep the next step short."""
+        return self.governor.tentative
 
     def after_step(self, tokens: int, seconds: float) -> None:
         self.governor.after_step(tokens, seconds)

@@ -55,14 +55,28 @@ class CpuClock:
         return time.monotonic(), total - idle, own.user + own.system
 
 
+def runnable_now() -> int | None:
+    """Threads runnable on the machine at this instant (Linux's procs_running), or None elsewhere."""
+    try:
+        with open("/proc/stat", "rb") as f:
+            for line in f:
+                if line.startswith(b"procs_running "):
+                    return int(line.split()[1])
+    except (OSError, ValueError):
+        pass
+    return None
+
+
 class ThreadGovernor:
     def __init__(self, cap: int, cpus: int | None = None,
-                 clock: Callable[[], tuple[float, float, float]] | None = None) -> None:  # fmt: skip
+                 clock: Callable[[], tuple[float, float, float]] | None = None,
+                 runnable: Callable[[], int | None] = runnable_now) -> None:  # fmt: skip
         self.cap = max(1, cap)
         self.threads = self.cap
         self.cpus = cpus or psutil.cpu_count() or os.cpu_count() or 1
         self.others = 0.0  # CPUs' worth the rest of the machine used in the last sample window
         self._clock = clock or CpuClock()
+        self._runnable = runnable
         self._last = self._clock()
         self._steps: deque[tuple[int, int, float]] = deque(maxlen=16)  # (threads, batch tokens, seconds)
         self._best: dict[tuple[int, int], float] = {}
@@ -72,6 +86,9 @@ class ThreadGovernor:
         self._hold_until = 0.0
         self._hold = HOLD_MIN_S
         self._idle = False
+        # The count came from a short reading right after idle time, which mostly shows the past: the
+        # engine keeps its next step short, so that a reading of the present decides soon.
+        self.tentative = False
 
     @property
     def now(self) -> float:
@@ -98,7 +115,12 @@ class ThreadGovernor:
             return
         self.others = max(0.0, ((now[1] - self._last[1]) - (now[2] - self._last[2])) / wall)
         self._last = now
-        wanted = max(1, min(self.cap, int(self.cpus - self.others + SLACK)))
+        self.tentative = False
+        wanted = self._free_cores(self.others)
+        if shortest < SAMPLE_S and wanted < self.threads and (running := self._runnable()) is not None:
+            # A short reading after idle time mostly covers the past: a program that was busy until
+            # this request came counts in it. What runs right now (besides this thread) decides.
+            wanted = max(wanted, self._free_cores(max(0, running - 1)))
         if wanted < self.threads:
             self._trial = None
             self.threads = wanted
@@ -107,9 +129,15 @@ class ThreadGovernor:
             self._trial_steps = 0
             self.threads += 1
 
+    def _free_cores(self, others: float) -> int:
+        return max(1, min(self.cap, int(self.cpus - others + SLACK)))
+
     def threads_for_step(self) -> int:
         if self._idle:  # the first step after idle time: what happened since the last idle reading
             self._idle = False
+            self.sample(FIRST_SAMPLE_S)
+            self.tentative = self.threads < self.cap
+        elif self.tentative:  # the first step's own window: the present only
             self.sample(FIRST_SAMPLE_S)
         else:
             self.sample()

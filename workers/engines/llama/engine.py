@@ -64,6 +64,9 @@ from workers.engines.llama_runtime import (
 log = structlog.get_logger("worker.llama")
 
 N_BATCH = 512  # tokens per decode step, decode tokens first, then prompt chunks
+# Prompt tokens in a step whose thread count rests on a stale reading (see Threads.tentative): a
+# short step, so that a fresh reading soon puts the right number of threads on the rest.
+TENTATIVE_BATCH = 64
 
 
 class LlamaEngine:
@@ -169,6 +172,7 @@ class LlamaEngine:
     # ---- the decode step ---------------------------------------------------
 
     def step(self, emit: Emit) -> None:
+        self.threads.before_step()
         if self.logit_jobs:
             self._run_logits(emit)
         self.slots.admit(emit, self.speculator.start)
@@ -190,10 +194,11 @@ class LlamaEngine:
                         n = put(batch, n, tok, slot.n_past, slot.seq)
                         slot.n_past += 1
         # Then prompt chunks, as much as the batch holds.
+        limit = TENTATIVE_BATCH if self.threads.tentative else N_BATCH
         for slot in self.slots:
-            if slot.req is None or not slot.pending_prompt or n >= N_BATCH:
+            if slot.req is None or not slot.pending_prompt or n >= limit:
                 continue
-            take = min(len(slot.pending_prompt), N_BATCH - n)
+            take = min(len(slot.pending_prompt), limit - n)
             chunk, slot.pending_prompt = slot.pending_prompt[:take], slot.pending_prompt[take:]
             for j, tok in enumerate(chunk):
                 last = not slot.pending_prompt and j == take - 1
@@ -204,7 +209,6 @@ class LlamaEngine:
         if n == 0:
             return
         batch.n_tokens = n
-        self.threads.before_step()
         t0 = time.perf_counter()
         rc = L.llama_decode(self.ctx, batch)
         self.threads.after_step(n, time.perf_counter() - t0)
