@@ -129,7 +129,6 @@ def _listen(host: str, port: int) -> socket.socket:
         why = "the address is already in use (is another server running there?)" if exc.errno == errno.EADDRINUSE \
             else (exc.strerror or str(exc))  # fmt: skip
         raise SystemExit(f"error: cannot listen on {host}:{port}: {why}") from None
-    sock.set_inheritable(False)
     return sock
 
 

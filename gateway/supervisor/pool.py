@@ -127,15 +127,21 @@ class WorkerPool:
     async def _apply_events(self) -> None:
         while True:
             ev = await self.events.get()
-            if ev.what is Happened.EXITED:
-                if self.workers.get(ev.handle.key) is ev.handle:
-                    del self.workers[ev.handle.key]
-                if ev.crashed:
-                    self._count_crash(ev.handle.key)
-            self._share_cores()
-            if ev.what is not Happened.BUSY and self._capacity_waiters:
-                async with self._idle:
-                    self._idle.notify_all()
+            try:
+                await self._apply(ev)
+            except Exception:  # one bad event must not stop the pool from seeing the next (logged)
+                log.exception("worker event not applied", worker=ev.handle.key.slug, event=ev.what.value)
+
+    async def _apply(self, ev: WorkerEvent) -> None:
+        if ev.what is Happened.EXITED:
+            if self.workers.get(ev.handle.key) is ev.handle:
+                del self.workers[ev.handle.key]
+            if ev.crashed:
+                self._count_crash(ev.handle.key)
+        self._share_cores()
+        if ev.what is not Happened.BUSY and self._capacity_waiters:
+            async with self._idle:
+                self._idle.notify_all()
 
     def _count_crash(self, key: WorkerKey) -> None:
         self.metrics.worker_crashed(key.model)
