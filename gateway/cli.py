@@ -71,6 +71,9 @@ def _add_serve(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> argp
            "Above 0, any other busy program outranks inference; see the README)")  # fmt: skip
     a("--cache-ram", dest="cache_ram_mb", type=int, default=1024,
       help="MiB of host RAM per chat worker for saved prompt states (0: keep only what is in the slots)")  # fmt: skip
+    a("--allowed-host", dest="allowed_hosts", action="append", default=[],
+      help="a Host name this server answers to besides loopback and the address it binds (repeatable; "
+           "'*' for any); others get 403, against DNS rebinding")  # fmt: skip
     a("--grammar-dir", dest="grammar_dirs", action="append", type=Path, default=[],
       help="a folder `grammar_path` may read GBNF files from (repeatable; none by default)")  # fmt: skip
     p.set_defaults(func=_serve)
@@ -174,6 +177,7 @@ def _serve(args: argparse.Namespace) -> int:
         stream_interval_ms=args.stream_interval_ms,
         worker_nice=args.worker_nice,
         cache_ram_mb=args.cache_ram_mb,
+        allowed_hosts=args.allowed_hosts,
     )
     configure_logging(settings.log_level)
     log = structlog.get_logger("gateway")

@@ -83,7 +83,7 @@ class GenerationRequest(msgspec.Struct, kw_only=True):
     repetition_penalty: Annotated[float, Meta(ge=0, le=100)] | None = None
     presence_penalty: Penalty | None = None
     frequency_penalty: Penalty | None = None
-    seed: int | None = None
+    seed: int | None = None  # any integer: reduced to 64 bits (the sampler uses the low 32)
     stop: str | list[str] | None = None
     n: Annotated[int, Meta(ge=1, le=16)] = 1
     user: str | None = None

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import re
+import socket
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
@@ -19,6 +20,7 @@ from litestar.plugins.core import MsgspecDIPlugin
 from sdnotify import SystemdNotifier
 
 from gateway.api import chat, completions, embeddings, health, logits, models, ops
+from gateway.api.guards import LOOPBACK_NAMES, BrowserGuard
 from gateway.api.lifecycle import DrainMiddleware, Lifecycle
 from gateway.api.request_id import RequestIdMiddleware, current_request_id
 from gateway.api.services import Services, provide_services
@@ -73,8 +75,9 @@ def _on_http(_req: Request, exc: HTTPException) -> Response[ErrorResponse]:
 
 
 def _on_unexpected(_req: Request, exc: Exception) -> Response[ErrorResponse]:
+    # The body never carries the exception: it may quote the request or the server's internals.
     log.exception("unexpected error", error=repr(exc))
-    return _error(500, f"internal error: {type(exc).__name__}: {exc}")
+    return _error(500, "internal error; the server log has the details under this request id")
 
 
 class _Gateway(Litestar):
@@ -88,6 +91,17 @@ class _Gateway(Litestar):
     def _get_default_plugins(plugins: list[PluginProtocol]) -> list[PluginProtocol]:
         plugins.append(MsgspecDIPlugin())
         return plugins
+
+
+def allowed_hosts(settings: Settings) -> frozenset[str] | None:
+    """The Host names this server answers to: loopback, the address it is bound to, its own host name
+    when bound to every address, and `--allowed-host` (`*`: any)."""
+    if "*" in settings.allowed_hosts:
+        return None
+    names = set(LOOPBACK_NAMES) | {h.lower() for h in settings.allowed_hosts} | {settings.host.lower()}
+    if settings.host in ("0.0.0.0", "::", ""):
+        names.add(socket.gethostname().lower())
+    return frozenset(names)
 
 
 def create_app(settings: Settings, lifecycle: Lifecycle | None = None) -> Litestar:
@@ -149,7 +163,11 @@ def create_app(settings: Settings, lifecycle: Lifecycle | None = None) -> Litest
             "lifecycle": Provide(lambda: lifecycle, sync_to_thread=False),
         },
         lifespan=[resources],
-        middleware=[RequestIdMiddleware, DefineMiddleware(DrainMiddleware, lifecycle=lifecycle)],
+        middleware=[
+            RequestIdMiddleware,
+            DefineMiddleware(BrowserGuard, allowed_hosts=allowed_hosts(settings)),
+            DefineMiddleware(DrainMiddleware, lifecycle=lifecycle),
+        ],
         cors_config=cors,
         exception_handlers={
             GenieXError: _on_genie_error,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from litestar import Request, Response, post
+from litestar.di import NamedDependency
 from litestar.response import ServerSentEvent
 
 from gateway.api import relay
@@ -22,7 +23,7 @@ def header_true(request: Request, name: str) -> bool:
 
 @post("/v1/chat/completions", status_code=200)
 async def chat_completions(request: Request, data: ChatRequest,
-                           services: Services) -> Response[ChatCompletion] | Response[bytes] | ServerSentEvent:  # fmt: skip
+                           services: NamedDependency[Services]) -> Response[ChatCompletion] | Response[bytes] | ServerSentEvent:  # fmt: skip
     entry = services.store.resolve(data.model)
     # Everything about the request is checked before a model is loaded for it.
     plan = plan_chat(data, current_request_id() or "", services.store, services.settings.grammar_dirs,

@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator
 
 import msgspec
 from litestar import Request, Response, post
+from litestar.di import NamedDependency
 from litestar.response import ServerSentEvent
 
 from gateway.api import relay
@@ -67,7 +68,7 @@ def _prompts(data: CompletionRequest) -> list[str]:
 
 @post("/v1/completions", status_code=200)
 async def completions(
-    request: Request, data: CompletionRequest, services: Services
+    request: Request, data: CompletionRequest, services: NamedDependency[Services]
 ) -> Response[bytes] | ServerSentEvent:
     entry = services.store.resolve(data.model)
     if entry.engine != "llama_cpp":

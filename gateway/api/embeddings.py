@@ -12,6 +12,7 @@ import sys
 from array import array
 
 from litestar import Request, Response, post
+from litestar.di import NamedDependency
 
 from gateway.api.disconnect import unless_disconnected
 from gateway.api.request_id import current_request_id
@@ -92,7 +93,9 @@ async def _ask(request: Request, worker: WorkerHandle, entry: ModelEntry, messag
 
 
 @post("/v1/embeddings", status_code=200)
-async def embeddings(request: Request, data: EmbeddingRequest, services: Services) -> EmbeddingResponse:
+async def embeddings(
+    request: Request, data: EmbeddingRequest, services: NamedDependency[Services]
+) -> EmbeddingResponse:
     entry = services.store.resolve(data.model)
     texts, token_ids = split_input(data.input)
     if data.dimensions is not None and data.dimensions < 1:
@@ -111,7 +114,9 @@ async def embeddings(request: Request, data: EmbeddingRequest, services: Service
 
 
 @post("/v1/reranking", status_code=200)
-async def reranking(request: Request, data: RerankingRequest, services: Services) -> Response[RerankingResponse]:
+async def reranking(
+    request: Request, data: RerankingRequest, services: NamedDependency[Services]
+) -> Response[RerankingResponse]:
     entry = services.store.resolve(data.model)
     if data.query is None or not data.query.strip():
         raise BadRequest("`query` is required: the text to rank the documents against")

@@ -6,6 +6,7 @@ import time
 
 import msgspec
 from litestar import Response, get
+from litestar.di import NamedDependency
 
 from gateway.api.lifecycle import Lifecycle
 from gateway.api.services import Services
@@ -44,7 +45,7 @@ async def health() -> dict[str, str]:
 
 
 @get("/ready")
-async def ready(lifecycle: Lifecycle) -> Response[dict[str, str]]:
+async def ready(lifecycle: NamedDependency[Lifecycle]) -> Response[dict[str, str]]:
     if lifecycle.draining:
         return Response({"error": "draining: shutting down"}, status_code=503, headers={"Retry-After": "5"})
     if lifecycle.ready:
@@ -58,7 +59,7 @@ async def v1_root() -> dict[str, str]:
 
 
 @get("/v1/workers")
-async def workers(services: Services) -> WorkerTable:
+async def workers(services: NamedDependency[Services]) -> WorkerTable:
     pool = services.pool
     now = time.monotonic()
     rows = []

@@ -8,6 +8,7 @@ from typing import Any
 
 import structlog
 from litestar import Request, Response, post
+from litestar.di import NamedDependency
 
 from gateway.api.disconnect import unless_disconnected
 from gateway.api.encoding import encode
@@ -37,7 +38,7 @@ def rows_of(r: LogitRows) -> list[LogitRow]:
 
 
 @post("/v1/logits", status_code=200)
-async def logits(request: Request, data: LogitsRequest, services: Services) -> Response[bytes]:
+async def logits(request: Request, data: LogitsRequest, services: NamedDependency[Services]) -> Response[bytes]:
     entry = services.store.resolve(data.model)
     if entry.engine != "llama_cpp":
         raise BadRequest(f"`model`: {entry.id} is served by {entry.engine}; logits need a llama.cpp model")

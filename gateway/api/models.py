@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from litestar import get
+from litestar.di import NamedDependency
 
 from gateway.api.services import Services
 from gateway.models.store import ModelEntry
@@ -14,12 +15,12 @@ def _model(e: ModelEntry) -> Model:
 
 
 @get("/v1/models")
-async def list_models(services: Services) -> ModelList:
+async def list_models(services: NamedDependency[Services]) -> ModelList:
     return ModelList(data=[_model(e) for e in services.store.entries()])
 
 
 @get("/v1/models/{model_id:path}")
-async def get_model(services: Services, model_id: str) -> Model:
+async def get_model(services: NamedDependency[Services], model_id: str) -> Model:
     return _model(services.store.resolve(model_id.lstrip("/")))
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from litestar import Response, get
+from litestar.di import NamedDependency
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from gateway.api.services import Services
@@ -11,13 +12,13 @@ from gateway.ops.ledger import UsageList, check_day
 
 
 @get("/metrics", include_in_schema=False)
-async def metrics(services: Services) -> Response[bytes]:
+async def metrics(services: NamedDependency[Services]) -> Response[bytes]:
     # Rendering is synchronous but small (a few dozen series, one psutil read per worker).
     return Response(generate_latest(services.metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
 
 @get("/v1/usage")
-async def usage(services: Services, since: str | None = None, model: str | None = None) -> UsageList:
+async def usage(services: NamedDependency[Services], since: str | None = None, model: str | None = None) -> UsageList:
     if since is not None:
         try:
             check_day(since)

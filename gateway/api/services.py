@@ -1,7 +1,7 @@
 """What every handler may use, typed: the long-lived objects the app owns, and the one way a
 request finds its worker and its accounting.
 
-Handlers receive a `Services` by dependency injection (`services: Services`), never by reading
+Handlers receive a `Services` by dependency injection (`services: NamedDependency[Services]`), never by reading
 untyped `app.state` attributes.
 """
 
@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import structlog
 from litestar.datastructures import State
+from litestar.di import NamedDependency
 
 from gateway.api.lifecycle import Lifecycle
 from gateway.models.store import ModelEntry, ModelStore
@@ -50,5 +51,5 @@ class Services:
 
 
 def provide_services(state: State) -> Services:
-    services: Services = state.services
+    services: NamedDependency[Services] = state.services
     return services

@@ -53,13 +53,19 @@ def _json_or_text(text: str) -> Any:
         return text
 
 
+MAX_TOKEN_ID = 1 << 31  # llama.cpp's token ids are int32; the worker checks its own vocabulary
+SEED_SPACE = 1 << 64  # seeds travel as uint64 (the sampler uses their low 32 bits)
+
+
 def _logit_bias(bias: dict[str, float] | None) -> list[tuple[int, float]]:
     out: list[tuple[int, float]] = []
     for key, value in (bias or {}).items():
         try:
             token = int(key)
         except ValueError:
-            raise BadRequest(f"`logit_bias`: keys are token ids, not {key!r}") from None
+            raise BadRequest(f"`logit_bias`: keys are token ids, not {key[:40]!r}") from None
+        if not 0 <= token < MAX_TOKEN_ID:
+            raise BadRequest(f"`logit_bias`: {key[:40]} is not a token id")
         if not -100 <= value <= 100:
             raise BadRequest(f"`logit_bias[{key}]`: a bias is between -100 and 100")
         out.append((token, float(value)))
@@ -85,7 +91,7 @@ def sampling_of(req: GenerationRequest) -> Sampling:
         repeat_penalty=defaults.repeat_penalty if req.repetition_penalty is None else req.repetition_penalty,
         presence_penalty=req.presence_penalty or 0.0,
         frequency_penalty=req.frequency_penalty or 0.0,
-        seed=req.seed,
+        seed=None if req.seed is None else req.seed % SEED_SPACE,
     )
 
 
@@ -141,7 +147,7 @@ def seeded(g: Generate, i: int) -> Generate:
     seed = g.sampling.seed
     if i == 0 or seed is None:
         return g
-    return msgspec.structs.replace(g, sampling=msgspec.structs.replace(g.sampling, seed=seed + i))
+    return msgspec.structs.replace(g, sampling=msgspec.structs.replace(g.sampling, seed=(seed + i) % SEED_SPACE))
 
 
 def plan_chat(req: ChatRequest, log_id: str, store: ModelStore, grammar_dirs: list[Path],

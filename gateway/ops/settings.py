@@ -51,6 +51,7 @@ class Settings(msgspec.Struct, kw_only=True):
     worker_nice: int = 0
     grammar_dirs: list[Path] = []  # where `grammar_path` may read from; none by default
     cache_ram_mb: int = 1024  # each chat worker's prompt cache in host RAM (0: none)
+    allowed_hosts: list[str] = []  # Host names answered besides loopback and the bound address ("*": any)
 
 
 def split_host(value: str) -> tuple[str, int]:

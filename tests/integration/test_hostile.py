@@ -1,0 +1,65 @@
+"""What a web page or a careless client can send: refused with the right status, never a 500 that
+quotes the server, and never a worker that dies for it."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+
+from tests.conftest import MODEL
+from tests.server_proc import ServerProcess
+
+HI = [{"role": "user", "content": "hi"}]
+
+
+def post(server: ServerProcess, body: dict, **kw: object) -> httpx.Response:  # type: ignore[type-arg]
+    return httpx.post(f"{server.base_url}/v1/chat/completions", json=body, timeout=60, **kw)  # type: ignore[arg-type]
+
+
+def test_a_text_plain_post_is_refused_without_reaching_a_model(server: ServerProcess) -> None:
+    """A page can send text/plain cross-origin without a CORS preflight; JSON it cannot."""
+    body = b'{"model": "%s", "messages": [{"role": "user", "content": "hi"}]}' % MODEL.encode()
+    for ctype in ("text/plain", "application/x-www-form-urlencoded", "multipart/form-data; boundary=x"):
+        r = httpx.post(
+            f"{server.base_url}/v1/chat/completions", content=body, headers={"content-type": ctype}, timeout=30
+        )
+        assert r.status_code == 415 and r.json()["error"] == "`Content-Type` must be application/json", ctype
+    ok = httpx.post(f"{server.base_url}/v1/chat/completions", content=body.replace(b"}]}", b'}], "max_tokens": 1}'),
+                    headers={"content-type": "application/json; charset=utf-8"}, timeout=60)  # fmt: skip
+    assert ok.status_code == 200
+
+
+def test_a_foreign_host_header_is_refused(server: ServerProcess) -> None:
+    """DNS rebinding: a page at evil.example resolved to 127.0.0.1 sends its own host name."""
+    r = post(server, {"model": MODEL, "messages": HI, "max_tokens": 1}, headers={"host": "evil.example:8080"})
+    assert r.status_code == 403 and "DNS rebinding" in r.json()["error"]
+    assert httpx.get(f"{server.base_url}/v1/models", headers={"host": "evil.example"}, timeout=10).status_code == 403
+    for host in ("localhost", f"localhost:{server.port}", f"127.0.0.1:{server.port}", "[::1]:1"):
+        assert httpx.get(f"{server.base_url}/v1/models", headers={"host": host}, timeout=10).status_code == 200, host
+
+
+def test_an_operator_may_allow_more_host_names(start) -> None:  # type: ignore[no-untyped-def]
+    srv = start("--nctx", "512", "--allowed-host", "geniex.lan")
+    assert httpx.get(f"{srv.base_url}/v1/models", headers={"host": "geniex.lan:18181"}, timeout=10).status_code == 200
+    assert httpx.get(f"{srv.base_url}/v1/models", headers={"host": "other.lan"}, timeout=10).status_code == 403
+    anyone = start("--nctx", "512", "--allowed-host", "*")
+    assert httpx.get(f"{anyone.base_url}/v1/models", headers={"host": "other.lan"}, timeout=10).status_code == 200
+
+
+@pytest.mark.parametrize(
+    ("extra", "field"),
+    [
+        ({"logit_bias": {"99999999999999999999": 1}}, "logit_bias"),
+        ({"logit_bias": {"-1": 1}}, "logit_bias"),
+    ],
+)
+def test_out_of_range_integers_are_400s(server: ServerProcess, extra: dict, field: str) -> None:  # type: ignore[type-arg]
+    r = post(server, {"model": MODEL, "messages": HI, "max_tokens": 1, **extra})
+    assert r.status_code == 400 and f"`{field}" in r.json()["error"], r.text
+
+
+@pytest.mark.parametrize("seed", [2**64 - 1, 2**64, 2**80, -(2**63) - 1])
+def test_any_integer_seed_is_served_with_several_choices(server: ServerProcess, seed: int) -> None:
+    """A seed is reduced to 64 bits, and choice i samples with seed + i: nothing overflows."""
+    r = post(server, {"model": MODEL, "messages": HI, "max_tokens": 2, "seed": seed, "n": 2, "temperature": 1})
+    assert r.status_code == 200 and len(r.json()["choices"]) == 2
