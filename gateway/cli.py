@@ -6,6 +6,7 @@ import argparse
 import contextlib
 import difflib
 import errno
+import ipaddress
 import os
 import signal
 import socket
@@ -71,6 +72,13 @@ def _add_serve(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> argp
            "Above 0, any other busy program outranks inference; see the README)")  # fmt: skip
     a("--cache-ram", dest="cache_ram_mb", type=int, default=1024,
       help="MiB of host RAM per chat worker for saved prompt states (0: keep only what is in the slots)")  # fmt: skip
+    a("--api-key", dest="api_keys", action="append", default=[],
+      help="a key every API request must send (Authorization: Bearer KEY or x-api-key: KEY); repeatable")  # fmt: skip
+    a("--api-key-file", type=Path, default=None,
+      help="keys, one per line with an optional label after each; read again on SIGHUP")  # fmt: skip
+    a("--metrics-key", action="store_true", default=False, help="/metrics needs a key too (open by default)")
+    a("--insecure-no-auth", action="store_true", default=False,
+      help="allow binding beyond loopback without any API key (refused otherwise)")  # fmt: skip
     a("--allowed-host", dest="allowed_hosts", action="append", default=[],
       help="a Host name this server answers to besides loopback and the address it binds (repeatable; "
            "'*' for any); others get 403, against DNS rebinding")  # fmt: skip
@@ -120,6 +128,15 @@ def unknown_env(p: argparse.ArgumentParser, environ: Mapping[str, str]) -> list[
     return out
 
 
+def is_loopback(host: str) -> bool:
+    """Whether every address `host` names is this machine's loopback."""
+    try:
+        infos = socket.getaddrinfo(host or "0.0.0.0", None)
+    except OSError:
+        return False
+    return all(ipaddress.ip_address(str(info[4][0]).split("%")[0]).is_loopback for info in infos)
+
+
 def _listen(host: str, port: int) -> socket.socket:
     """Bind before anything announces that the server is up; a busy port is one clear line."""
     try:
@@ -144,6 +161,7 @@ def _serve(args: argparse.Namespace) -> int:
 
     from gateway.api.app import create_app
     from gateway.api.lifecycle import Lifecycle
+    from gateway.ops.keys import KeyFileError, KeyRing
     from protocol.logs import configure_logging
 
     if not 0 <= args.worker_nice <= 19:
@@ -151,6 +169,10 @@ def _serve(args: argparse.Namespace) -> int:
     if args.cache_ram_mb < 0:
         raise SystemExit(f"error: --cache-ram must be 0 or more MiB, not {args.cache_ram_mb}")
     host, port = split_host(args.host)
+    keyed = bool(args.api_keys or args.api_key_file)
+    if not keyed and not args.insecure_no_auth and not is_loopback(host):
+        raise SystemExit(f"error: {host} is reachable beyond this machine and no API key is set; give --api-key or "
+                         "--api-key-file (or --insecure-no-auth to serve anyone who can connect)")  # fmt: skip
     sock = _listen(host, port)
     settings = Settings(
         host=host,
@@ -178,13 +200,23 @@ def _serve(args: argparse.Namespace) -> int:
         worker_nice=args.worker_nice,
         cache_ram_mb=args.cache_ram_mb,
         allowed_hosts=args.allowed_hosts,
+        api_keys=args.api_keys,
+        api_key_file=args.api_key_file,
+        metrics_key=args.metrics_key,
+        insecure_no_auth=args.insecure_no_auth,
     )
     configure_logging(settings.log_level)
     log = structlog.get_logger("gateway")
     for warning in args.env_warnings:
         log.warning(warning)
+    if not keyed and not is_loopback(host):
+        log.warning("serving WITHOUT API KEYS on an address other machines can reach", host=host)
     lifecycle = Lifecycle()
-    app = create_app(settings, lifecycle)
+    try:
+        keys = KeyRing(settings.api_keys, settings.api_key_file)
+    except (OSError, KeyFileError) as exc:
+        raise SystemExit(f"error: --api-key-file {settings.api_key_file}: {exc}") from None
+    app = create_app(settings, lifecycle, keys)
     config = uvicorn.Config(
         app,
         host=host,

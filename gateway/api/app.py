@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import re
+import signal
 import socket
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -20,12 +22,14 @@ from litestar.plugins.core import MsgspecDIPlugin
 from sdnotify import SystemdNotifier
 
 from gateway.api import chat, completions, embeddings, health, logits, models, ops
+from gateway.api.auth import ApiKeyAuth
 from gateway.api.guards import LOOPBACK_NAMES, BrowserGuard
 from gateway.api.lifecycle import DrainMiddleware, Lifecycle
 from gateway.api.request_id import RequestIdMiddleware, current_request_id
 from gateway.api.services import Services, provide_services
 from gateway.errors import GenieXError
 from gateway.models.store import ModelStore
+from gateway.ops.keys import KeyFileError, KeyRing
 from gateway.ops.ledger import Ledger
 from gateway.ops.metrics import Metrics
 from gateway.ops.settings import Settings
@@ -93,6 +97,19 @@ class _Gateway(Litestar):
         return plugins
 
 
+def _reload_keys_on_sighup(keys: KeyRing) -> None:
+    def reload() -> None:
+        try:
+            keys.reload()
+            log.info("API keys read again", keys=len(keys.keys))
+        except (OSError, KeyFileError) as exc:
+            log.error("API key file not read again; the keys stay as they were", error=str(exc))
+
+    if keys.key_file is not None:
+        with contextlib.suppress(NotImplementedError, RuntimeError):  # no signals off the main thread or on Windows
+            asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, reload)
+
+
 def allowed_hosts(settings: Settings) -> frozenset[str] | None:
     """The Host names this server answers to: loopback, the address it is bound to, its own host name
     when bound to every address, and `--allowed-host` (`*`: any)."""
@@ -104,10 +121,11 @@ def allowed_hosts(settings: Settings) -> frozenset[str] | None:
     return frozenset(names)
 
 
-def create_app(settings: Settings, lifecycle: Lifecycle | None = None) -> Litestar:
+def create_app(settings: Settings, lifecycle: Lifecycle | None = None, keys: KeyRing | None = None) -> Litestar:
     """The app. `lifecycle` is the server's view of readiness and draining (its signal handler
-    starts the drain); one is made when none is given."""
+    starts the drain); `keys` the API keys (read from the settings when not given)."""
     lifecycle = lifecycle or Lifecycle()
+    keys = keys or KeyRing(settings.api_keys, settings.api_key_file)
 
     @asynccontextmanager
     async def resources(app: Litestar) -> AsyncIterator[None]:
@@ -119,6 +137,7 @@ def create_app(settings: Settings, lifecycle: Lifecycle | None = None) -> Litest
         app.state.services = Services(settings, store, pool, ledger, metrics, lifecycle)
         metrics.watch(pool)
         pool.start()
+        _reload_keys_on_sighup(keys)
         notifier = SystemdNotifier()  # a no-op outside systemd
 
         async def preload() -> None:
@@ -166,6 +185,7 @@ def create_app(settings: Settings, lifecycle: Lifecycle | None = None) -> Litest
         middleware=[
             RequestIdMiddleware,
             DefineMiddleware(BrowserGuard, allowed_hosts=allowed_hosts(settings)),
+            DefineMiddleware(ApiKeyAuth, keys=keys, metrics_open=not settings.metrics_key),
             DefineMiddleware(DrainMiddleware, lifecycle=lifecycle),
         ],
         cors_config=cors,

@@ -7,6 +7,7 @@ from litestar.di import NamedDependency
 from litestar.response import ServerSentEvent
 
 from gateway.api import relay
+from gateway.api.auth import caller_of, tenant_of
 from gateway.api.disconnect import unless_disconnected
 from gateway.api.request_id import current_request_id
 from gateway.api.services import Services
@@ -27,8 +28,8 @@ async def chat_completions(request: Request, data: ChatRequest,
     entry = services.store.resolve(data.model)
     # Everything about the request is checked before a model is loaded for it.
     plan = plan_chat(data, current_request_id() or "", services.store, services.settings.grammar_dirs,
-                     keep_cache=header_true(request, KEEP_CACHE_HEADER))  # fmt: skip
-    accounting = services.accounting(entry.id, request.headers.get("authorization"), data.user)
+                     keep_cache=header_true(request, KEEP_CACHE_HEADER), tenant=tenant_of(request))  # fmt: skip
+    accounting = services.accounting(entry.id, caller_of(request), data.user)
     completion = relay.Completion(entry.id, accounting, data.n)  # a warm-up never settles it: not counted
     worker = await completion.guard(services.worker(entry, nctx=data.nctx, compute=data.compute, ngl=data.ngl,
                                                     keep_alive=data.keep_alive))  # fmt: skip

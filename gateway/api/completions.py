@@ -14,6 +14,7 @@ from litestar.di import NamedDependency
 from litestar.response import ServerSentEvent
 
 from gateway.api import relay
+from gateway.api.auth import caller_of, tenant_of
 from gateway.api.disconnect import unless_disconnected
 from gateway.api.encoding import encode
 from gateway.api.request_id import current_request_id
@@ -83,10 +84,10 @@ async def completions(
         suffix=data.suffix,
         logprobs=data.logprobs if data.logprobs is not None else -1,
         cache=data.cache_prompt,
-        cache_key=cache_key(data),
+        cache_key=cache_key(data, tenant_of(request)),
     )
     total = len(prompts) * data.n
-    accounting = services.accounting(entry.id, request.headers.get("authorization"), data.user)
+    accounting = services.accounting(entry.id, caller_of(request), data.user)
     acct = relay.Completion(entry.id, accounting, total, data.n, id_prefix="cmpl")
     worker = await acct.guard(services.worker(entry, nctx=data.nctx, compute=data.compute, ngl=data.ngl,
                                               keep_alive=data.keep_alive))  # fmt: skip

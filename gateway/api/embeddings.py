@@ -14,6 +14,7 @@ from array import array
 from litestar import Request, Response, post
 from litestar.di import NamedDependency
 
+from gateway.api.auth import caller_of
 from gateway.api.disconnect import unless_disconnected
 from gateway.api.request_id import current_request_id
 from gateway.api.services import Services
@@ -100,7 +101,7 @@ async def embeddings(
     texts, token_ids = split_input(data.input)
     if data.dimensions is not None and data.dimensions < 1:
         raise BadRequest(f"`dimensions` must be at least 1, got {data.dimensions}")
-    accounting = services.accounting(entry.id, request.headers.get("authorization"), data.user)
+    accounting = services.accounting(entry.id, caller_of(request), data.user)
     worker = await accounting.guard(services.worker(entry, compute=data.compute))
     message = Embed(0, current_request_id() or "", texts=texts, token_ids=token_ids, dimensions=data.dimensions or 0)
     reply = await accounting.guard(_ask(request, worker, entry, message))
@@ -124,7 +125,7 @@ async def reranking(
         raise BadRequest("`documents` must be a non-empty list of strings")
     if len(data.documents) > MAX_INPUTS:
         raise BadRequest(f"`documents` has {len(data.documents)} items; at most {MAX_INPUTS} per request")
-    accounting = services.accounting(entry.id, request.headers.get("authorization"), data.user)
+    accounting = services.accounting(entry.id, caller_of(request), data.user)
     worker = await accounting.guard(services.worker(entry, compute=data.compute))
     message = Rerank(0, current_request_id() or "", data.query, data.documents, data.batch_size)
     reply = await accounting.guard(_ask(request, worker, entry, message))

@@ -10,6 +10,7 @@ import structlog
 from litestar import Request, Response, post
 from litestar.di import NamedDependency
 
+from gateway.api.auth import caller_of
 from gateway.api.disconnect import unless_disconnected
 from gateway.api.encoding import encode
 from gateway.api.request_id import current_request_id
@@ -44,7 +45,7 @@ async def logits(request: Request, data: LogitsRequest, services: NamedDependenc
         raise BadRequest(f"`model`: {entry.id} is served by {entry.engine}; logits need a llama.cpp model")
     if not data.input_ids:
         raise BadRequest("`input_ids`: at least one token id is required")
-    accounting = services.accounting(entry.id, request.headers.get("authorization"), None)
+    accounting = services.accounting(entry.id, caller_of(request), None)
     worker = await accounting.guard(services.worker(entry, nctx=data.nctx, compute=data.compute, ngl=data.ngl))
     structlog.contextvars.bind_contextvars(input_tokens=len(data.input_ids))
     message = Logits(0, current_request_id() or "", data.input_ids, data.last_only, data.top_n)

@@ -33,11 +33,11 @@ class Services:
     metrics: Metrics
     lifecycle: Lifecycle
 
-    def accounting(self, model: str, authorization: str | None, user: str | None) -> Accounting:
-        """A request's metrics and ledger entry; made once the model is resolved, so the `model`
-        label is always a known id."""
+    def accounting(self, model: str, caller: str, user: str | None) -> Accounting:
+        """A request's metrics and ledger entry (`caller`: the API key's label); made once the model
+        is resolved, so the `model` label is always a known id."""
         timer = self.metrics.timer(model, time.perf_counter())
-        return Accounting(timer, self.ledger.recorder(model, authorization, user))
+        return Accounting(timer, self.ledger.recorder(model, caller, user))
 
     async def worker(self, entry: ModelEntry, *, nctx: int | None = None, compute: str | None = None,
                      ngl: int | None = None, keep_alive: float | None = None) -> WorkerHandle:  # fmt: skip

@@ -151,7 +151,7 @@ def seeded(g: Generate, i: int) -> Generate:
 
 
 def plan_chat(req: ChatRequest, log_id: str, store: ModelStore, grammar_dirs: list[Path],
-              keep_cache: bool = False) -> ChatPlan:  # fmt: skip
+              keep_cache: bool = False, tenant: str = "") -> ChatPlan:  # fmt: skip
     """Check and convert a chat request, before any model is loaded for it.
 
     `store` resolves a speculative request's draft model (`spec_draft_model`);
@@ -175,7 +175,7 @@ def plan_chat(req: ChatRequest, log_id: str, store: ModelStore, grammar_dirs: li
         sampling=sampling_of(req),
         keep_cache=keep_cache,
         cache=req.cache_prompt,
-        cache_key=cache_key(req),
+        cache_key=cache_key(req, tenant),
         speculation=speculation_of(req, store),
         constraint=constraint_of(req, grammar_dirs, tools, forced),
         logit_bias=_logit_bias(req.logit_bias),

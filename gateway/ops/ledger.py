@@ -152,10 +152,10 @@ class Ledger:
         conn.executescript(_SCHEMA)
         return conn
 
-    def recorder(self, model: str, authorization: str | None, user: str | None) -> Callable[[int, int], None]:
-        """`record` for one request: its model, the label of its API key (`Authorization`
-        header), and its `user`; takes (prompt_tokens, completion_tokens)."""
-        return partial(self.record, model, key_label(authorization), user or "")
+    def recorder(self, model: str, caller: str, user: str | None) -> Callable[[int, int], None]:
+        """`record` for one request: its model, its caller's label (gateway/api/auth.caller_of), and
+        its `user`; takes (prompt_tokens, completion_tokens)."""
+        return partial(self.record, model, caller, user or "")
 
     def record(self, model: str, key: str, user: str, prompt_tokens: int, completion_tokens: int,
                *, ts: float | None = None) -> None:  # fmt: skip

@@ -52,6 +52,10 @@ class Settings(msgspec.Struct, kw_only=True):
     grammar_dirs: list[Path] = []  # where `grammar_path` may read from; none by default
     cache_ram_mb: int = 1024  # each chat worker's prompt cache in host RAM (0: none)
     allowed_hosts: list[str] = []  # Host names answered besides loopback and the bound address ("*": any)
+    api_keys: list[str] = []  # with any key (or a key file), every route but the probes needs one
+    api_key_file: Path | None = None  # `KEY [LABEL]` per line; read again on SIGHUP
+    metrics_key: bool = False  # /metrics needs a key too
+    insecure_no_auth: bool = False  # bind beyond loopback without keys anyway
 
 
 def split_host(value: str) -> tuple[str, int]:

@@ -1,0 +1,76 @@
+"""API keys at the door: with keys configured, every route but the health probes needs one.
+
+`Authorization: Bearer KEY` or `x-api-key: KEY`; missing or wrong is 401 with `WWW-Authenticate`.
+The caller's label (never the key) goes to the request's log lines, its usage-ledger rows and its
+prompt-cache tenant.
+"""
+
+from __future__ import annotations
+
+from typing import cast
+
+import msgspec
+import structlog
+from litestar import Request
+from litestar.types import ASGIApp, HTTPResponseBodyEvent, HTTPResponseStartEvent, HTTPScope, Receive, Scope, Send
+
+from gateway.api.request_id import current_request_id
+from gateway.ops.keys import KeyRing
+from gateway.ops.ledger import key_label
+from protocol.errors import ErrorResponse
+
+OPEN_PATHS = frozenset({"/health", "/ready"})
+CALLER = "caller"  # where the caller's label lives in the request's state
+
+
+def presented_key(headers: dict[bytes, bytes]) -> str:
+    auth = headers.get(b"authorization", b"").decode("latin-1").strip()
+    scheme, _, value = auth.partition(" ")
+    if scheme.lower() == "bearer" and value.strip():
+        return value.strip()
+    return headers.get(b"x-api-key", b"").decode("latin-1").strip()
+
+
+def caller_of(request: Request) -> str:
+    """The label the ledger and the prompt cache know this caller by."""
+    label = request.scope.get("state", {}).get(CALLER)
+    return str(label) if label else key_label(request.headers.get("authorization"))
+
+
+def tenant_of(request: Request) -> str:
+    """The prompt-cache tenant: the caller's key when the server has keys, else one tenant for all."""
+    return str(request.scope.get("state", {}).get(CALLER) or "")
+
+
+class ApiKeyAuth:
+    def __init__(self, app: ASGIApp, keys: KeyRing, metrics_open: bool = True) -> None:
+        self.app = app
+        self.keys = keys
+        self.open_paths = OPEN_PATHS | ({"/metrics"} if metrics_open else set())
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        http = cast("HTTPScope", scope)
+        if scope["type"] != "http" or not self.keys.enabled or scope["path"] in self.open_paths \
+                or http["method"] == "OPTIONS":  # fmt: skip
+            await self.app(scope, receive, send)
+            return
+        key = self.keys.check(presented_key(dict(http["headers"])))
+        if key is None:
+            await _unauthorized(send)
+            return
+        http.setdefault("state", {})[CALLER] = key.label
+        structlog.contextvars.bind_contextvars(api_key=key.label)
+        await self.app(scope, receive, send)
+
+
+async def _unauthorized(send: Send) -> None:
+    body = msgspec.json.encode(ErrorResponse(error="missing or wrong API key: send `Authorization: Bearer KEY` or "
+                                                   "`x-api-key: KEY`", request_id=current_request_id()))  # fmt: skip
+    start: HTTPResponseStartEvent = {
+        "type": "http.response.start",
+        "status": 401,
+        "headers": [(b"content-type", b"application/json"), (b"www-authenticate", b'Bearer realm="geniex"')],
+    }
+    await send(start)
+    end: HTTPResponseBodyEvent = {"type": "http.response.body", "body": body, "more_body": False}
+    await send(end)
