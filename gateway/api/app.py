@@ -31,6 +31,7 @@ from gateway.errors import GenieXError
 from gateway.models.store import ModelStore
 from gateway.ops.keys import KeyFileError, KeyRing
 from gateway.ops.ledger import Ledger
+from gateway.ops.limits import KeyLimiter
 from gateway.ops.metrics import Metrics
 from gateway.ops.settings import Settings
 from gateway.supervisor.pool import WorkerPool
@@ -126,6 +127,7 @@ def create_app(settings: Settings, lifecycle: Lifecycle | None = None, keys: Key
     starts the drain); `keys` the API keys (read from the settings when not given)."""
     lifecycle = lifecycle or Lifecycle()
     keys = keys or KeyRing(settings.api_keys, settings.api_key_file)
+    limiter = KeyLimiter()
 
     @asynccontextmanager
     async def resources(app: Litestar) -> AsyncIterator[None]:
@@ -134,8 +136,8 @@ def create_app(settings: Settings, lifecycle: Lifecycle | None = None, keys: Key
         pool = WorkerPool(settings, zctx, metrics)
         store = ModelStore(settings.data_dir)
         ledger = Ledger(settings.data_dir)
-        app.state.services = Services(settings, store, pool, ledger, metrics, lifecycle)
-        metrics.watch(pool)
+        app.state.services = Services(settings, store, pool, ledger, metrics, lifecycle, limiter)
+        metrics.watch(pool, limiter)
         pool.start()
         _reload_keys_on_sighup(keys)
         notifier = SystemdNotifier()  # a no-op outside systemd
@@ -185,7 +187,7 @@ def create_app(settings: Settings, lifecycle: Lifecycle | None = None, keys: Key
         middleware=[
             RequestIdMiddleware,
             DefineMiddleware(BrowserGuard, allowed_hosts=allowed_hosts(settings)),
-            DefineMiddleware(ApiKeyAuth, keys=keys, metrics_open=not settings.metrics_key),
+            DefineMiddleware(ApiKeyAuth, keys=keys, limiter=limiter, metrics_open=not settings.metrics_key),
             DefineMiddleware(DrainMiddleware, lifecycle=lifecycle),
         ],
         cors_config=cors,

@@ -2,7 +2,7 @@
 
 `Authorization: Bearer KEY` or `x-api-key: KEY`; missing or wrong is 401 with `WWW-Authenticate`.
 The caller's label (never the key) goes to the request's log lines, its usage-ledger rows and its
-prompt-cache tenant.
+prompt-cache tenant. A key with limits is counted in here too: over one, 429 with `Retry-After`.
 """
 
 from __future__ import annotations
@@ -17,7 +17,10 @@ from litestar.types import ASGIApp, HTTPResponseBodyEvent, HTTPResponseStartEven
 from gateway.api.request_id import current_request_id
 from gateway.ops.keys import KeyRing
 from gateway.ops.ledger import key_label
+from gateway.ops.limits import KeyLimiter, Refusal
 from protocol.errors import ErrorResponse
+
+log = structlog.get_logger("gateway.auth")
 
 OPEN_PATHS = frozenset({"/health", "/ready"})
 CALLER = "caller"  # where the caller's label lives in the request's state
@@ -43,9 +46,10 @@ def tenant_of(request: Request) -> str:
 
 
 class ApiKeyAuth:
-    def __init__(self, app: ASGIApp, keys: KeyRing, metrics_open: bool = True) -> None:
+    def __init__(self, app: ASGIApp, keys: KeyRing, limiter: KeyLimiter, metrics_open: bool = True) -> None:
         self.app = app
         self.keys = keys
+        self.limiter = limiter
         self.open_paths = OPEN_PATHS | ({"/metrics"} if metrics_open else set())
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -60,16 +64,36 @@ class ApiKeyAuth:
             return
         http.setdefault("state", {})[CALLER] = key.label
         structlog.contextvars.bind_contextvars(api_key=key.label)
-        await self.app(scope, receive, send)
+        if not key.limits.any:
+            await self.app(scope, receive, send)
+            return
+        refusal = self.limiter.admit(key.label, key.limits)
+        if refusal is not None:
+            await _too_many(send, refusal)
+            return
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            self.limiter.release(key.label)
 
 
 async def _unauthorized(send: Send) -> None:
-    body = msgspec.json.encode(ErrorResponse(error="missing or wrong API key: send `Authorization: Bearer KEY` or "
-                                                   "`x-api-key: KEY`", request_id=current_request_id()))  # fmt: skip
+    message = "missing or wrong API key: send `Authorization: Bearer KEY` or `x-api-key: KEY`"
+    await _error(send, 401, message, [(b"www-authenticate", b'Bearer realm="geniex"')])
+
+
+async def _too_many(send: Send, refusal: Refusal) -> None:
+    log.info("request refused by a key limit", limit=refusal.limit, retry_after_s=refusal.retry_after_s)
+    headers = [(b"retry-after", str(refusal.retry_after_s).encode())]
+    await _error(send, 429, f"{refusal.message()}; retry after {refusal.retry_after_s} s", headers)
+
+
+async def _error(send: Send, status: int, message: str, headers: list[tuple[bytes, bytes]]) -> None:
+    body = msgspec.json.encode(ErrorResponse(error=message, request_id=current_request_id()))
     start: HTTPResponseStartEvent = {
         "type": "http.response.start",
-        "status": 401,
-        "headers": [(b"content-type", b"application/json"), (b"www-authenticate", b'Bearer realm="geniex"')],
+        "status": status,
+        "headers": [(b"content-type", b"application/json"), *headers],
     }
     await send(start)
     end: HTTPResponseBodyEvent = {"type": "http.response.body", "body": body, "more_body": False}

@@ -18,6 +18,7 @@ from gateway.api.lifecycle import Lifecycle
 from gateway.models.store import ModelEntry, ModelStore
 from gateway.ops.accounting import Accounting
 from gateway.ops.ledger import Ledger
+from gateway.ops.limits import KeyLimiter
 from gateway.ops.metrics import Metrics
 from gateway.ops.settings import Settings
 from gateway.supervisor.handle import WorkerHandle
@@ -32,12 +33,19 @@ class Services:
     ledger: Ledger
     metrics: Metrics
     lifecycle: Lifecycle
+    limiter: KeyLimiter
 
     def accounting(self, model: str, caller: str, user: str | None) -> Accounting:
-        """A request's metrics and ledger entry (`caller`: the API key's label); made once the model
-        is resolved, so the `model` label is always a known id."""
+        """A request's metrics, ledger entry and tokens against its key's limits (`caller`: the API
+        key's label); made once the model is resolved, so the `model` label is always a known id."""
         timer = self.metrics.timer(model, time.perf_counter())
-        return Accounting(timer, self.ledger.recorder(model, caller, user))
+        ledger = self.ledger.recorder(model, caller, user)
+
+        def record(prompt_tokens: int, completion_tokens: int) -> None:
+            self.limiter.spend(caller, prompt_tokens + completion_tokens)
+            ledger(prompt_tokens, completion_tokens)
+
+        return Accounting(timer, record)
 
     async def worker(self, entry: ModelEntry, *, nctx: int | None = None, compute: str | None = None,
                      ngl: int | None = None, keep_alive: float | None = None) -> WorkerHandle:  # fmt: skip

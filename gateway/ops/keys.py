@@ -1,7 +1,8 @@
 """API keys: who may call the server, and the name each caller goes by in the ledger and logs.
 
 Keys come from `--api-key` (repeatable) and `--api-key-file` (one key per line, an optional label
-after it, `#` comments), and the file is read again on SIGHUP. A key is never kept or logged in
+and optional limits after it, `#` comments: `KEY [LABEL] [rpm=N] [tpm=N] [concurrent=N]`), and the
+file is read again on SIGHUP. A key is never kept or logged in
 the clear beyond this object: callers are named by their label, or by a hash of the key.
 """
 
@@ -12,7 +13,10 @@ import hmac
 from dataclasses import dataclass
 from pathlib import Path
 
+from gateway.ops.limits import Limits
+
 MIN_KEY_CHARS = 8
+NO_LIMITS = Limits()
 
 
 class KeyFileError(ValueError):
@@ -23,6 +27,7 @@ class KeyFileError(ValueError):
 class Key:
     digest: bytes  # sha256 of the key
     label: str
+    limits: Limits = NO_LIMITS
 
 
 def _digest(key: str) -> bytes:
@@ -33,23 +38,29 @@ def default_label(key: str) -> str:
     return "key-" + hashlib.sha256(key.encode()).hexdigest()[:8]
 
 
-def parse_key_file(text: str) -> list[tuple[str, str]]:
-    """(key, label) per line: `KEY [LABEL]`; blank lines and `#` comments are skipped."""
+def parse_key_file(text: str) -> list[tuple[str, str, Limits]]:
+    """(key, label, limits) per line: `KEY [LABEL] [rpm=N] [tpm=N] [concurrent=N]`; blank lines and
+    `#` comments are skipped."""
     out = []
     for n, line in enumerate(text.splitlines(), 1):
-        line = line.split("#", 1)[0].strip()
-        if not line:
+        words = line.split("#", 1)[0].split()
+        if not words:
             continue
-        key, _, label = line.partition(" ")
+        key, rest = words[0], words[1:]
         if len(key) < MIN_KEY_CHARS:
             raise KeyFileError(f"line {n}: a key has at least {MIN_KEY_CHARS} characters")
-        out.append((key, label.strip() or default_label(key)))
+        label = rest.pop(0) if rest and "=" not in rest[0] else default_label(key)
+        try:
+            limits = Limits.parse(rest)
+        except ValueError as exc:
+            raise KeyFileError(f"line {n}: {exc}") from None
+        out.append((key, label, limits))
     return out
 
 
 class KeyRing:
     def __init__(self, keys: list[str], key_file: Path | None = None) -> None:
-        self._flag_keys = [(k, default_label(k)) for k in keys]
+        self._flag_keys = [(k, default_label(k), NO_LIMITS) for k in keys]
         self.key_file = key_file
         self.keys: list[Key] = []
         self.reload()
@@ -59,7 +70,7 @@ class KeyRing:
         pairs = list(self._flag_keys)
         if self.key_file is not None:
             pairs += parse_key_file(self.key_file.read_text())
-        self.keys = [Key(_digest(k), label) for k, label in pairs]
+        self.keys = [Key(_digest(k), label, limits) for k, label, limits in pairs]
 
     @property
     def enabled(self) -> bool:

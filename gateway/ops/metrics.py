@@ -54,6 +54,10 @@ class WorkerLike(Protocol):
     def rss(self) -> int | None: ...
 
 
+class LimiterLike(Protocol):
+    def snapshot(self) -> Mapping[str, tuple[int, int, int, Mapping[str, int]]]: ...
+
+
 class PoolLike(Protocol):
     @property
     def workers(self) -> Mapping[Any, WorkerLike]: ...
@@ -111,14 +115,17 @@ class Metrics:
                                            "Prompt tokens whose KV came from the prompt cache, not a prefill.",
                                            ["model"], registry=r)  # fmt: skip
         r.register(_PoolCollector(self))
+        r.register(_KeyCollector(self))
         if process:  # process_resident_memory_bytes and friends, for the gateway itself
             ProcessCollector(registry=r)
         self.pool: PoolLike | None = None
+        self.limiter: LimiterLike | None = None
         self._series: dict[str, _ModelSeries] = {}
 
-    def watch(self, pool: PoolLike | None) -> None:
-        """Scrape-time gauges read this pool; the app binds it in its lifespan."""
+    def watch(self, pool: PoolLike | None, limiter: LimiterLike | None = None) -> None:
+        """Scrape-time gauges read this pool and these per-key limits; the app binds them in its lifespan."""
         self.pool = pool
+        self.limiter = limiter
 
     def series(self, model: str) -> _ModelSeries:
         s = self._series.get(model)
@@ -250,5 +257,45 @@ class _PoolCollector(Collector):
                 "geniex:prompt_cache_evictions",
                 "Saved prompt states each worker dropped for room.",
                 labels=["model", "worker"],
+            ),
+        ]
+
+
+class _KeyCollector(Collector):
+    """Per API key with limits (labels come from the operator's key file, so they are few): its
+    last minute and its refusals."""
+
+    def __init__(self, metrics: Metrics) -> None:
+        self._m = metrics
+
+    def describe(self) -> Iterator[Metric]:
+        return iter(self._families())
+
+    def collect(self) -> Iterator[Metric]:
+        fams = self._families()
+        requests, tokens, inflight, refused = fams
+        limiter = self._m.limiter
+        for label, (n, t, live, refusals) in (limiter.snapshot() if limiter is not None else {}).items():
+            requests.add_metric([label], n)
+            tokens.add_metric([label], t)
+            inflight.add_metric([label], live)
+            for limit, count in refusals.items():
+                refused.add_metric([label, limit], count)
+        return iter(fams)
+
+    @staticmethod
+    def _families() -> list[GaugeMetricFamily | CounterMetricFamily]:
+        return [
+            GaugeMetricFamily(
+                "geniex:key_requests_last_minute", "Requests per API key in the last minute.", labels=["key"]
+            ),
+            GaugeMetricFamily(
+                "geniex:key_tokens_last_minute", "Tokens per API key in the last minute.", labels=["key"]
+            ),
+            GaugeMetricFamily("geniex:key_requests_inflight", "Requests in flight per API key.", labels=["key"]),
+            CounterMetricFamily(
+                "geniex:key_requests_limited",
+                "Requests refused by a per-key limit (rpm, tpm, concurrent).",
+                labels=["key", "limit"],
             ),
         ]

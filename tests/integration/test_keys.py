@@ -110,3 +110,38 @@ def test_binding_beyond_loopback_needs_a_key_or_an_explicit_opt_out(tmp_path: Pa
         open_srv.send_signal(signal.SIGTERM)
         _, err = open_srv.communicate(timeout=30)
     assert "WITHOUT API KEYS" in err
+
+
+def test_per_key_limits_answer_429_with_retry_after_and_show_in_metrics(start, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    carol = "sk-carol-0123456789abcdef"
+    keys = tmp_path / "keys"
+    keys.write_text(f"{ALICE} alice concurrent=1\n{BOB} bob rpm=2\n{carol} carol tpm=10\n")
+    srv = start("--nctx", "1024", "--api-key-file", str(keys))
+    url = f"{srv.base_url}/v1/models"
+
+    def refused(r: httpx.Response, limit: str) -> None:
+        assert r.status_code == 429 and 1 <= int(r.headers["retry-after"]) <= 60, r.text
+        assert f"{limit} (" in r.json()["error"] and r.json()["request_id"]
+
+    # concurrent: a second request while alice's stream runs
+    stream = keyed(srv, ALICE).chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "Count to fifty."}], max_tokens=64, stream=True
+    )
+    next(iter(stream))
+    refused(httpx.get(url, headers={"x-api-key": ALICE}, timeout=10), "concurrent")
+    assert sum(1 for _ in stream) > 0
+    assert httpx.get(url, headers={"x-api-key": ALICE}, timeout=10).status_code == 200, "released when it ended"
+    # rpm
+    assert [httpx.get(url, headers={"x-api-key": BOB}, timeout=10).status_code for _ in range(2)] == [200, 200]
+    refused(httpx.get(url, headers={"x-api-key": BOB}, timeout=10), "rpm")
+    with pytest.raises(openai.RateLimitError):
+        keyed(srv, BOB).models.list()
+    # tpm: the first request is admitted under the limit and ends above it
+    keyed(srv, carol).chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "Hi there."}], max_tokens=4
+    )
+    refused(httpx.get(url, headers={"x-api-key": carol}, timeout=10), "tpm")
+    metrics = httpx.get(f"{srv.base_url}/metrics", timeout=10).text
+    assert 'geniex:key_requests_limited_total{key="bob",limit="rpm"} 2.0' in metrics
+    assert 'geniex:key_requests_limited_total{key="alice",limit="concurrent"} 1.0' in metrics
+    assert 'geniex:key_requests_inflight{key="alice"} 0.0' in metrics
