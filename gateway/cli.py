@@ -10,6 +10,7 @@ import ipaddress
 import os
 import signal
 import socket
+import ssl
 import sys
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
@@ -79,6 +80,10 @@ def _add_serve(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> argp
     a("--metrics-key", action="store_true", default=False, help="/metrics needs a key too (open by default)")
     a("--insecure-no-auth", action="store_true", default=False,
       help="allow binding beyond loopback without any API key (refused otherwise)")  # fmt: skip
+    a("--certfile", type=Path, default=None, help="serve HTTPS with this PEM certificate (chain); needs --keyfile")
+    a("--keyfile", type=Path, default=None, help="the certificate's PEM private key")
+    a("--max-connections", type=int, default=512,
+      help="open HTTP connections at most; beyond it new ones get 503 at once")  # fmt: skip
     a("--allowed-host", dest="allowed_hosts", action="append", default=[],
       help="a Host name this server answers to besides loopback and the address it binds (repeatable; "
            "'*' for any); others get 403, against DNS rebinding")  # fmt: skip
@@ -137,6 +142,19 @@ def is_loopback(host: str) -> bool:
     return all(ipaddress.ip_address(str(info[4][0]).split("%")[0]).is_loopback for info in infos)
 
 
+def check_tls(certfile: Path | None, keyfile: Path | None) -> None:
+    """Both or neither, and a pair that loads: a bad certificate is one clear line at start, not a
+    traceback from inside the HTTP server."""
+    if (certfile is None) != (keyfile is None):
+        raise SystemExit("error: HTTPS needs both --certfile and --keyfile")
+    if certfile is None or keyfile is None:
+        return
+    try:
+        ssl.create_default_context(ssl.Purpose.CLIENT_AUTH).load_cert_chain(certfile, keyfile)
+    except (OSError, ssl.SSLError) as exc:
+        raise SystemExit(f"error: --certfile {certfile} / --keyfile {keyfile}: {exc}") from None
+
+
 def _listen(host: str, port: int) -> socket.socket:
     """Bind before anything announces that the server is up; a busy port is one clear line."""
     try:
@@ -168,6 +186,9 @@ def _serve(args: argparse.Namespace) -> int:
         raise SystemExit(f"error: --worker-nice must be 0..19, not {args.worker_nice}")
     if args.cache_ram_mb < 0:
         raise SystemExit(f"error: --cache-ram must be 0 or more MiB, not {args.cache_ram_mb}")
+    if args.max_connections < 1:
+        raise SystemExit(f"error: --max-connections must be 1 or more, not {args.max_connections}")
+    check_tls(args.certfile, args.keyfile)
     host, port = split_host(args.host)
     keyed = bool(args.api_keys or args.api_key_file)
     if not keyed and not args.insecure_no_auth and not is_loopback(host):
@@ -204,6 +225,9 @@ def _serve(args: argparse.Namespace) -> int:
         api_key_file=args.api_key_file,
         metrics_key=args.metrics_key,
         insecure_no_auth=args.insecure_no_auth,
+        certfile=args.certfile,
+        keyfile=args.keyfile,
+        max_connections=args.max_connections,
     )
     configure_logging(settings.log_level)
     log = structlog.get_logger("gateway")
@@ -227,6 +251,9 @@ def _serve(args: argparse.Namespace) -> int:
         # In-flight requests have finished (or run out of time) before uvicorn is told to stop.
         timeout_graceful_shutdown=2,
         server_header=False,
+        limit_concurrency=settings.max_connections,
+        ssl_certfile=settings.certfile,
+        ssl_keyfile=settings.keyfile,
     )
     _draining_server_class()(config, lifecycle, settings.drain_timeout).run(sockets=[sock])
     return 0

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import time
@@ -24,7 +25,11 @@ class ServerProcess:
     def __init__(self, data_dir: Path, *args: str, env: dict[str, str] | None = None) -> None:
         self.port = free_port()
         self.data_dir = data_dir
-        self.base_url = f"http://127.0.0.1:{self.port}"
+        # With --certfile, the certificate is also what clients trust (the tests' own, self-signed).
+        self.verify: ssl.SSLContext | bool = (
+            ssl.create_default_context(cafile=args[args.index("--certfile") + 1]) if "--certfile" in args else True
+        )
+        self.base_url = f"{'https' if '--certfile' in args else 'http'}://127.0.0.1:{self.port}"
         self.log_path = data_dir / f"server-{self.port}.log"
         data_dir.mkdir(parents=True, exist_ok=True)
         cmd = [sys.executable, "-m", "gateway.cli", "serve", "--host", f"127.0.0.1:{self.port}",
@@ -39,7 +44,7 @@ class ServerProcess:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"server exited with {self.proc.returncode}:\n{self.log()}")
             try:
-                if httpx.get(f"{self.base_url}/ready", timeout=1).status_code == 200:
+                if httpx.get(f"{self.base_url}/ready", timeout=1, verify=self.verify).status_code == 200:
                     return
             except httpx.HTTPError:
                 pass

@@ -111,6 +111,9 @@ def _reload_keys_on_sighup(keys: KeyRing) -> None:
             asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, reload)
 
 
+CORS_EXPOSED = ["Retry-After", "X-Request-Id"]
+
+
 def allowed_hosts(settings: Settings) -> frozenset[str] | None:
     """The Host names this server answers to: loopback, the address it is bound to, its own host name
     when bound to every address, and `--allowed-host` (`*`: any)."""
@@ -153,7 +156,7 @@ def create_app(settings: Settings, lifecycle: Lifecycle | None = None, keys: Key
             notifier.notify("READY=1")
 
         preloading = asyncio.create_task(preload(), name="preload")
-        log.info("geniex serving", url=f"http://{settings.host}:{settings.port}/v1", data_dir=str(settings.data_dir),
+        log.info("geniex serving", url=f"{'https' if settings.certfile else 'http'}://{settings.host}:{settings.port}/v1", data_dir=str(settings.data_dir),
                  models=[e.id for e in store.entries()])  # fmt: skip
         try:
             yield
@@ -168,7 +171,10 @@ def create_app(settings: Settings, lifecycle: Lifecycle | None = None, keys: Key
                 ledger.close()  # after the pool, so requests it cut short are counted too
             zctx.term()
 
-    cors = CORSConfig(allow_origins=settings.origins) if settings.origins else None
+    # Only the operator's origins; their preflights get the headers they ask for named back (Litestar
+    # reflects them under "*"), as a literal "*" never covers Authorization in a browser.
+    cors = CORSConfig(allow_origins=settings.origins, expose_headers=CORS_EXPOSED, max_age=600) if settings.origins \
+        else None  # fmt: skip
     return _Gateway(
         route_handlers=[
             *chat.handlers,

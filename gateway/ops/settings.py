@@ -53,9 +53,12 @@ class Settings(msgspec.Struct, kw_only=True):
     cache_ram_mb: int = 1024  # each chat worker's prompt cache in host RAM (0: none)
     allowed_hosts: list[str] = []  # Host names answered besides loopback and the bound address ("*": any)
     api_keys: list[str] = []  # with any key (or a key file), every route but the probes needs one
-    api_key_file: Path | None = None  # `KEY [LABEL]` per line; read again on SIGHUP
+    api_key_file: Path | None = None  # `KEY [LABEL] [rpm=N tpm=N concurrent=N]` per line; read again on SIGHUP
     metrics_key: bool = False  # /metrics needs a key too
     insecure_no_auth: bool = False  # bind beyond loopback without keys anyway
+    certfile: Path | None = None  # with keyfile: HTTPS
+    keyfile: Path | None = None
+    max_connections: int = 512  # uvicorn answers 503 beyond it
 
 
 def split_host(value: str) -> tuple[str, int]:
