@@ -13,6 +13,7 @@ import os
 import sys
 import time
 
+import msgspec
 import structlog
 import zmq
 
@@ -76,7 +77,12 @@ class WorkerServer:
                 raw = self.pull.recv(zmq.NOBLOCK, copy=False)
             except zmq.Again:
                 return
-            self._handle(self.codec.decode(raw.buffer))
+            try:
+                msg = self.codec.decode(raw.buffer)
+            except msgspec.DecodeError as exc:  # not fatal: the gateway's next message is fine
+                log.error("undecodable message dropped", error=str(exc), size=len(raw.buffer))
+                continue
+            self._handle(msg)
 
     def _handle(self, msg: object) -> None:
         match msg:
@@ -90,6 +96,10 @@ class WorkerServer:
                     self.engine.submit(msg)
                 except EngineError as exc:
                     self.send(exc.failed(msg.req_id))
+                except Exception as exc:
+                    log.exception("request refused by an error in the worker", error=repr(exc))
+                    self.send(Failed(msg.req_id, ErrorKind.ENGINE,
+                                     f"the worker failed this request ({type(exc).__name__})"))  # fmt: skip
             case Cancel():
                 self.engine.cancel(msg.req_id, self.send)
             case Warmup():

@@ -79,6 +79,12 @@ def _on_http(_req: Request, exc: HTTPException) -> Response[ErrorResponse]:
     return _error(exc.status_code, exc.detail, headers=exc.headers)
 
 
+def _on_too_deep(_req: Request, exc: RecursionError) -> Response[ErrorResponse]:
+    # msgspec refuses a body nested deeper than Python's recursion limit with RecursionError.
+    log.info("invalid request", error=str(exc))
+    return _error(400, "invalid request: the JSON nests too deeply")
+
+
 def _on_unexpected(_req: Request, exc: Exception) -> Response[ErrorResponse]:
     # The body never carries the exception: it may quote the request or the server's internals.
     log.exception("unexpected error", error=repr(exc))
@@ -201,6 +207,7 @@ def create_app(settings: Settings, lifecycle: Lifecycle | None = None, keys: Key
             GenieXError: _on_genie_error,
             ValidationException: _on_validation,
             HTTPException: _on_http,
+            RecursionError: _on_too_deep,
             Exception: _on_unexpected,
         },
         openapi_config=None,

@@ -2,7 +2,8 @@
 `grammar_string`, `grammar_path`, `response_format`, `enable_json` or a forced tool call.
 
 The worker turns a schema into GBNF with llama.cpp's own converter and compiles the
-grammar; its refusals come back as 400s with the parser's message.
+grammar; its refusals come back as 400s with the parser's message. Both are bounded here first
+(`protocol.grammar_bounds`), since llama.cpp crashes on a grammar nested deep enough.
 """
 
 from __future__ import annotations
@@ -14,9 +15,9 @@ from typing import Any
 
 from gateway.errors import BadRequest
 from protocol.chat import ChatRequest, Tool
+from protocol.grammar_bounds import MAX_GRAMMAR_BYTES, TooBig, check_gbnf, check_schema
 from protocol.wire import Constraint
 
-MAX_GRAMMAR_BYTES = 1 << 20
 ANY_OBJECT = '{"type": "object"}'
 
 
@@ -46,6 +47,29 @@ def read_grammar(path: str, allowed: list[Path]) -> str:
             raise BadRequest(f"`grammar_path`: cannot read the file: {exc.__class__.__name__}") from None
     # One answer for "outside" and "missing": the reply must not reveal what exists elsewhere.
     raise BadRequest("`grammar_path`: no such grammar file in the folders this server allows")
+
+
+def bounded_schema(schema: Any, field: str) -> Any:
+    try:
+        check_schema(schema)
+    except TooBig as exc:
+        raise BadRequest(f"`{field}`: {exc}") from None
+    return schema
+
+
+def bounded_grammar(text: str, field: str) -> str:
+    try:
+        check_gbnf(text)
+    except TooBig as exc:
+        raise BadRequest(f"`{field}`: {exc}") from None
+    return text
+
+
+def check_tools(tools: list[Tool] | None) -> None:
+    """Every tool's parameters, whether or not a grammar is made of them: the chat template renders them too."""
+    for i, t in enumerate(tools or []):
+        if t.function.parameters is not None:
+            bounded_schema(t.function.parameters, f"tools[{i}].function.parameters")
 
 
 def forced_tool_schema(tools: list[Tool], name: str | None) -> str:
@@ -100,7 +124,7 @@ def _response_format_schema(rf: dict[str, Any]) -> str | None:
         schema = spec.get("schema") if isinstance(spec, dict) else None
         if not isinstance(schema, dict):
             raise BadRequest("`response_format.json_schema.schema`: a JSON schema object is required")
-        return json.dumps(schema)
+        return json.dumps(bounded_schema(schema, "response_format.json_schema.schema"))
     raise BadRequest(f"`response_format.type`: expected text, json_object or json_schema, not {kind!r}")
 
 
@@ -110,9 +134,11 @@ def constraint_of(req: ChatRequest, grammar_dirs: list[Path], tools: str, forced
     if req.grammar_string is not None:
         if not req.grammar_string.strip():
             raise BadRequest("`grammar_string`: the grammar is empty")
-        found.append(("grammar_string", Constraint("gbnf", req.grammar_string, "grammar_string")))
+        found.append(("grammar_string", Constraint("gbnf", bounded_grammar(req.grammar_string, "grammar_string"),
+                                                   "grammar_string")))  # fmt: skip
     if req.grammar_path is not None:
-        found.append(("grammar_path", Constraint("gbnf", read_grammar(req.grammar_path, grammar_dirs), "grammar_path")))
+        text = bounded_grammar(read_grammar(req.grammar_path, grammar_dirs), "grammar_path")
+        found.append(("grammar_path", Constraint("gbnf", text, "grammar_path")))
     if req.response_format is not None and (schema := _response_format_schema(req.response_format)):
         found.append(("response_format", Constraint("json_schema", schema, "response_format")))
     if req.enable_json:

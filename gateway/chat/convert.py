@@ -10,7 +10,7 @@ from typing import Any
 
 import msgspec
 
-from gateway.chat.constraints import constraint_of, tool_mode
+from gateway.chat.constraints import check_tools, constraint_of, tool_mode
 from gateway.chat.reasoning import splits_reasoning
 from gateway.chat.speculation import speculation_of
 from gateway.errors import BadRequest
@@ -158,6 +158,7 @@ def plan_chat(req: ChatRequest, log_id: str, store: ModelStore, grammar_dirs: li
     `grammar_dirs` are the folders `grammar_path` may read from.
     """
     tools, forced = tool_mode(req)
+    check_tools(req.tools)
     if req.top_logprobs is not None and not req.logprobs:
         raise BadRequest("`top_logprobs`: requires `logprobs: true`")
     shape = shape_of(req)

@@ -63,3 +63,54 @@ def test_any_integer_seed_is_served_with_several_choices(server: ServerProcess, 
     """A seed is reduced to 64 bits, and choice i samples with seed + i: nothing overflows."""
     r = post(server, {"model": MODEL, "messages": HI, "max_tokens": 2, "seed": seed, "n": 2, "temperature": 1})
     assert r.status_code == 200 and len(r.json()["choices"]) == 2
+
+
+def _nested_schema(levels: int) -> dict:  # type: ignore[type-arg]
+    s: dict = {"type": "string"}  # type: ignore[type-arg]
+    for _ in range(levels):
+        s = {"type": "object", "properties": {"a": s}, "required": ["a"]}
+    return s
+
+
+def _schema(schema: dict) -> dict:  # type: ignore[type-arg]
+    return {"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": schema}}}
+
+
+# Each of these killed the worker (SIGSEGV) or ran it out of memory before they were bounded.
+BOMBS = [
+    ({"grammar_string": "root ::= " + "(" * 20000 + '"a"' + ")" * 20000}, "grammar_string", "nests groups"),
+    ({"grammar_string": 'root ::= "a"{0,100000000}'}, "grammar_string", "repetition"),
+    (_schema({"type": "string", "maxLength": 100000}), "response_format", "maxLength"),
+    (_schema({"type": "array", "items": {"type": "integer"}, "maxItems": 10**9}), "response_format", "maxItems"),
+    (_schema({"type": "string", "pattern": "^a{0,100000}$"}), "response_format", "pattern"),
+    (_schema(_nested_schema(200)), "response_format", "nests"),
+    (
+        {"tools": [{"type": "function", "function": {"name": "f", "parameters": _nested_schema(200)}}]},
+        "tools[0]",
+        "nests",
+    ),
+]
+
+
+def test_grammar_and_schema_bombs_are_400s_and_the_worker_and_its_streams_live_on(server: ServerProcess) -> None:
+    post(server, {"model": MODEL, "messages": HI, "max_tokens": 1})
+    pids = server.worker_pids()
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "Tell me a story."}], "max_tokens": 48,
+            "stream": True, "temperature": 0}  # fmt: skip
+    with httpx.stream("POST", f"{server.base_url}/v1/chat/completions", json=body, timeout=120) as stream:
+        lines = stream.iter_lines()
+        assert next(lines).startswith("data:")
+        for extra, field, says in BOMBS:
+            r = post(server, {"model": MODEL, "messages": HI, "max_tokens": 4, **extra})
+            assert r.status_code == 400 and f"`{field}" in r.json()["error"] and says in r.json()["error"], r.text
+        rest = [line for line in lines if line.startswith("data:")]
+    assert rest[-1] == "data: [DONE]" and '"finish_reason":null' not in rest[-2].replace(" ", ""), rest[-2]
+    assert server.worker_pids() == pids
+
+
+def test_json_nested_past_the_decoders_limit_is_a_400(server: ServerProcess) -> None:
+    deep = "[" * 5000 + "]" * 5000
+    body = f'{{"model": "{MODEL}", "messages": [{{"role": "user", "content": "hi"}}], "response_format": {deep}}}'
+    r = httpx.post(f"{server.base_url}/v1/chat/completions", content=body,
+                   headers={"content-type": "application/json"}, timeout=30)  # fmt: skip
+    assert r.status_code == 400 and "nests too deeply" in r.json()["error"]

@@ -14,7 +14,7 @@ import psutil
 import pytest
 import zmq.asyncio
 
-from gateway.errors import BadRequest, Overloaded, WorkerDied, WorkerUnavailable
+from gateway.errors import BadRequest, EngineFailure, Overloaded, WorkerDied, WorkerUnavailable
 from gateway.models.store import ModelEntry
 from gateway.ops.metrics import Metrics
 from gateway.ops.settings import Settings
@@ -93,6 +93,17 @@ async def test_a_full_queue_is_overloaded_and_a_refusal_is_a_bad_request(make_po
     with pytest.raises(BadRequest, match="refused, as asked"):
         await answer(h, ask(prompt="refuse"))
     assert h.inflight == 0
+
+
+async def test_a_bug_or_garbage_fails_one_request_and_the_worker_lives_on(make_pool: MakePool, tmp_path: Path) -> None:
+    pool = make_pool()
+    h = await worker(pool, fake_model(tmp_path, "bug", tokens=3))
+    pid = h.pid
+    with pytest.raises(EngineFailure, match="the worker failed this request"):
+        await answer(h, ask(prompt="raise"))
+    await h._push.send(b"\xff not a message")  # an undecodable message is logged and dropped
+    assert isinstance((await answer(h, ask()))[-1], Done)
+    assert h.pid == pid and h.status == "idle"
 
 
 async def test_closing_a_generation_cancels_it_on_the_worker(make_pool: MakePool, tmp_path: Path) -> None:

@@ -8,7 +8,7 @@ Its "model file" is JSON that says how to behave:
      "load_s": 0,           loading takes this long
      "hang_on_load": false} loading never ends
 
-Every field is optional. It answers Generate like the llama.cpp engine does (Started, Deltas of
+Every field is optional. A prompt of "refuse" is refused (EngineError); "raise" meets a bug (RuntimeError). It answers Generate like the llama.cpp engine does (Started, Deltas of
 "tok1 ", "tok2 ", ..., Done) with `--parallel` slots, so queueing, cancellation, crashes, load
 timeouts and eviction can be tested in seconds, without a model.
 """
@@ -70,6 +70,8 @@ class FakeEngine:
     def submit(self, req: Generate) -> None:
         if req.prompt == "refuse":
             raise EngineError("`prompt`: refused, as asked")
+        if req.prompt == "raise":
+            raise RuntimeError("a bug met by one request")
         self.waiting.append(req)
 
     def cancel(self, req_id: int, emit: Emit) -> None:

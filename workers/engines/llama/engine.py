@@ -220,11 +220,15 @@ class LlamaEngine:
             return
         for slot in self.slots:
             if slot.req is not None and slot.row >= 0:
-                if slot.spec is not None and slot.spec.draft:
-                    self.speculator.verify(slot, self.ctx, self.mem, lambda s, tok, row: self._take(s, tok, emit, row))
-                else:
-                    assert slot.sampler is not None
-                    self._take(slot, slot.sampler.sample(self.ctx, slot.row), emit, slot.row)
+                try:
+                    if slot.spec is not None and slot.spec.draft:
+                        self.speculator.verify(slot, self.ctx, self.mem,
+                                               lambda s, tok, row: self._take(s, tok, emit, row))  # fmt: skip
+                    else:
+                        assert slot.sampler is not None
+                        self._take(slot, slot.sampler.sample(self.ctx, slot.row), emit, slot.row)
+                except Exception as exc:  # noqa: BLE001 - one request's failure is not its neighbours'
+                    self._fail(slot, exc, emit)
 
     def _take(self, slot: Slot, tok: int, emit: Emit, row: int) -> bool:
         """Emit one sampled token; False when it ended the generation (the slot is released)."""
@@ -288,6 +292,12 @@ class LlamaEngine:
                  completion_tokens=slot.n_gen, seconds=round(secs, 3), **extra)  # fmt: skip
         self._release(slot, completed=True)
 
+    def _fail(self, slot: Slot, exc: Exception, emit: Emit) -> None:
+        assert slot.req is not None
+        log.exception("request failed in the worker", request_id=slot.req.log_id, error=repr(exc))
+        emit(Failed(slot.req.req_id, ErrorKind.ENGINE, f"the worker failed this request ({type(exc).__name__})"))
+        self._release(slot, completed=False)
+
     def _release(self, slot: Slot, *, completed: bool) -> None:
         self.speculator.release(slot)
         self.slots.release(slot, completed)
@@ -305,6 +315,9 @@ class LlamaEngine:
             emit(job.run(self.ctx, self.batch, N_BATCH, slot.seq))
         except EngineError as exc:
             emit(exc.failed(job.req.req_id))
+        except Exception as exc:
+            log.exception("logits job failed", request_id=job.req.log_id, error=repr(exc))
+            emit(Failed(job.req.req_id, ErrorKind.ENGINE, f"the worker failed this request ({type(exc).__name__})"))
         finally:
             L.llama_memory_seq_rm(self.mem, slot.seq, -1, -1)
 

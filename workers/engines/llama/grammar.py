@@ -11,6 +11,7 @@ from collections.abc import Callable, Iterator
 import llama_cpp as L
 from llama_cpp.llama_grammar import json_schema_to_gbnf
 
+from protocol.grammar_bounds import TooBig, check_gbnf
 from protocol.wire import Constraint
 from workers.engines import EngineError
 
@@ -23,6 +24,10 @@ def grammar_sampler(vocab: ctypes.c_void_p, constraint: Constraint) -> ctypes.c_
     text = constraint.text if constraint.kind == "gbnf" else schema_to_gbnf(constraint.text, field)
     if not text.strip():
         raise EngineError(f"`{field}`: the grammar is empty")
+    try:
+        check_gbnf(text)  # what a schema turned into, too: llama.cpp's parser crashes past these bounds
+    except TooBig as exc:
+        raise EngineError(f"`{field}`: {exc}") from None
     with _stderr_captured() as captured:
         sampler = L.llama_sampler_init_grammar(vocab, text.encode(), b"root")
     if not sampler:
