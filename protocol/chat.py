@@ -11,6 +11,8 @@ from typing import Annotated, Any, Literal
 import msgspec
 from msgspec import Meta
 
+from protocol.limits import Count, Int32, PositiveInt
+
 Role = Literal["system", "developer", "user", "assistant", "tool", "function"]
 Compute = Literal["cpu", "gpu", "npu", "hybrid"]
 ReasoningFormat = Literal["none", "deepseek", "deepseek-legacy", "auto"]
@@ -67,7 +69,6 @@ class StreamOptions(msgspec.Struct):
 
 Unit = Annotated[float, Meta(ge=0, le=1)]
 Penalty = Annotated[float, Meta(ge=-2, le=2)]
-PositiveInt = Annotated[int, Meta(ge=1)]
 
 
 class GenerationRequest(msgspec.Struct, kw_only=True):
@@ -78,7 +79,7 @@ class GenerationRequest(msgspec.Struct, kw_only=True):
     stream_options: StreamOptions | None = None
     temperature: Annotated[float, Meta(ge=0, le=2)] | None = None
     top_p: Unit | None = None
-    top_k: Annotated[int, Meta(ge=0)] | None = None
+    top_k: Count | None = None
     min_p: Unit | None = None
     repetition_penalty: Annotated[float, Meta(ge=0, le=100)] | None = None
     presence_penalty: Penalty | None = None
@@ -89,7 +90,7 @@ class GenerationRequest(msgspec.Struct, kw_only=True):
     user: str | None = None
     # GenieX extensions
     nctx: PositiveInt | None = None
-    ngl: int | None = None
+    ngl: Int32 | None = None
     compute: Compute | None = None
     keep_alive: float | None = None
     # Prompt caching: a cached prefix is reused only by requests with the same `cache_salt`
@@ -117,7 +118,7 @@ class ChatRequest(GenerationRequest, kw_only=True):
     spec_type: str | None = None
     spec_draft_model: str | None = None
     spec_n_max: PositiveInt | None = None  # None: 3
-    spec_n_min: Annotated[int, Meta(ge=0)] | None = None  # 0/None: no minimum draft length
+    spec_n_min: Count | None = None  # 0/None: no minimum draft length
     spec_p_min: Unit | None = None  # 0/None: no draft-probability cut-off
 
 

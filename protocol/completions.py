@@ -7,7 +7,8 @@ from typing import Annotated
 import msgspec
 from msgspec import Meta
 
-from protocol.chat import GenerationRequest, PositiveInt, Usage
+from protocol.chat import GenerationRequest, Usage
+from protocol.limits import PositiveInt
 
 
 class CompletionRequest(GenerationRequest, kw_only=True):

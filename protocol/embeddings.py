@@ -8,19 +8,19 @@ any of the three and the gateway checks that they are all of one kind.
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Literal
 
 import msgspec
-from msgspec import Meta
 
 from protocol.chat import Compute
+from protocol.limits import Int32, PositiveInt, TokenId
 
 
 class EmbeddingRequest(msgspec.Struct, kw_only=True):
     model: str
-    input: str | list[str | int | list[int]]
+    input: str | list[str | TokenId | list[TokenId]]
     encoding_format: Literal["float", "base64"] = "float"
-    dimensions: int | None = None
+    dimensions: Int32 | None = None  # below 1: refused by the handler, with the model's range
     user: str | None = None
     task_type: str = "default"  # accepted for the spec's sake; models here have no task prompts
     compute: Compute | None = None
@@ -48,7 +48,7 @@ class RerankingRequest(msgspec.Struct, kw_only=True):
     model: str
     query: str | None = None
     documents: list[str] | None = None
-    batch_size: Annotated[int, Meta(ge=1)] = 4
+    batch_size: PositiveInt = 4
     normalize: bool = False
     normalize_method: Literal["softmax", "linear"] = "softmax"
     user: str | None = None

@@ -2,21 +2,19 @@
 
 from __future__ import annotations
 
-from typing import Annotated
-
 import msgspec
-from msgspec import Meta
 
 from protocol.chat import Compute
+from protocol.limits import Count, Int32, PositiveInt, TokenId
 
 
 class LogitsRequest(msgspec.Struct, kw_only=True):
     model: str
-    input_ids: list[int]
+    input_ids: list[TokenId]
     last_only: bool = False
-    top_n: Annotated[int, Meta(ge=0)] = 20
-    nctx: Annotated[int, Meta(ge=1)] | None = None
-    ngl: int | None = None
+    top_n: Count = 20
+    nctx: PositiveInt | None = None
+    ngl: Int32 | None = None
     compute: Compute | None = None
 
 

@@ -114,3 +114,30 @@ def test_json_nested_past_the_decoders_limit_is_a_400(server: ServerProcess) -> 
     r = httpx.post(f"{server.base_url}/v1/chat/completions", content=body,
                    headers={"content-type": "application/json"}, timeout=30)  # fmt: skip
     assert r.status_code == 400 and "nests too deeply" in r.json()["error"]
+
+
+BIG = 2**70  # beyond msgpack's 64 bits: once a 500 on the way to the worker
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "field"),
+    [
+        ("/v1/chat/completions", {"messages": HI, "max_tokens": BIG}, "max_tokens"),
+        ("/v1/chat/completions", {"messages": HI, "max_completion_tokens": 2**31}, "max_completion_tokens"),
+        ("/v1/chat/completions", {"messages": HI, "top_k": BIG}, "top_k"),
+        ("/v1/chat/completions", {"messages": HI, "nctx": BIG}, "nctx"),
+        ("/v1/chat/completions", {"messages": HI, "ngl": -BIG}, "ngl"),
+        ("/v1/chat/completions", {"messages": HI, "spec_type": "ngram-simple", "spec_n_max": BIG}, "spec_n_max"),
+        ("/v1/completions", {"prompt": "x", "max_tokens": BIG}, "max_tokens"),
+        ("/v1/logits", {"input_ids": [1, BIG]}, "input_ids[1]"),
+        ("/v1/logits", {"input_ids": [1], "top_n": BIG}, "top_n"),
+        ("/v1/embeddings", {"input": [[1, BIG]]}, "input[0][1]"),
+        ("/v1/embeddings", {"input": "x", "dimensions": BIG}, "dimensions"),
+        ("/v1/reranking", {"query": "q", "documents": ["d"], "batch_size": BIG}, "batch_size"),
+    ],
+)
+def test_integers_beyond_32_bits_are_400s(server: ServerProcess, path: str, body: dict, field: str) -> None:  # type: ignore[type-arg]
+    """Found by fuzzing (tests/fuzz): each of these was a 500 (msgpack overflow) or, for nctx, a
+    worker key that could not be named; llama.cpp takes all of them as 32-bit integers."""
+    r = httpx.post(f"{server.base_url}{path}", json={"model": MODEL, **body}, timeout=60)
+    assert r.status_code == 400 and f"`{field}`" in r.json()["error"], r.text
