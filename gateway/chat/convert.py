@@ -47,10 +47,30 @@ def _message_dict(i: int, m: ChatMessage) -> dict[str, Any]:
 
 
 def _json_or_text(text: str) -> Any:
+    """The arguments as an object when they are JSON a worker can receive; else as the text."""
     try:
-        return json.loads(text)
-    except ValueError:
+        value = json.loads(text)
+    except (ValueError, RecursionError):
         return text
+    return value if _fits_wire(value) else text
+
+
+def _fits_wire(value: Any) -> bool:
+    """Whether msgpack can carry `value` to a worker: free-form JSON (tool schemas, arguments)
+    may hold integers beyond 64 bits, which would fail only when the request is sent."""
+    try:
+        msgspec.msgpack.encode(value)
+    except (OverflowError, RecursionError):
+        return False
+    return True
+
+
+def _tools(req: ChatRequest) -> list[dict[str, Any]]:
+    tools = [msgspec.to_builtins(t) for t in req.tools or []]
+    for i, t in enumerate(tools):
+        if not _fits_wire(t):
+            raise BadRequest(f"`tools[{i}].function.parameters`: holds an integer beyond 64 bits or nests too deeply")
+    return tools
 
 
 MAX_TOKEN_ID = 1 << 31  # llama.cpp's token ids are int32; the worker checks its own vocabulary
@@ -182,6 +202,6 @@ def plan_chat(req: ChatRequest, log_id: str, store: ModelStore, grammar_dirs: li
         logit_bias=_logit_bias(req.logit_bias),
         logprobs=(req.top_logprobs or 0) if req.logprobs else -1,
         special=shape.tools is not None or shape.reasoning,
-        tools=[msgspec.to_builtins(t) for t in req.tools] if req.tools and tools != "none" else None,
+        tools=_tools(req) if req.tools and tools != "none" else None,
     )
     return ChatPlan(generate, shape, req.n)

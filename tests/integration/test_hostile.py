@@ -141,3 +141,24 @@ def test_integers_beyond_32_bits_are_400s(server: ServerProcess, path: str, body
     worker key that could not be named; llama.cpp takes all of them as 32-bit integers."""
     r = httpx.post(f"{server.base_url}{path}", json={"model": MODEL, **body}, timeout=60)
     assert r.status_code == 400 and f"`{field}`" in r.json()["error"], r.text
+
+
+def tool_call(arguments: str) -> dict:  # type: ignore[type-arg]
+    return {"role": "assistant", "tool_calls": [{"id": "c1", "type": "function",
+                                                 "function": {"name": "f", "arguments": arguments}}]}  # fmt: skip
+
+
+@pytest.mark.parametrize("arguments", [f'{{"n": {BIG}}}', "[" * 1100 + "]" * 1100])
+def test_tool_call_arguments_a_worker_cannot_receive_are_rendered_as_text(
+    server: ServerProcess, arguments: str
+) -> None:
+    """Found by fuzzing: arguments are parsed to render them with the template's `tojson`; JSON
+    with an integer beyond 64 bits, or nested past Python's recursion limit (1000), was a 500."""
+    r = post(server, {"model": MODEL, "messages": [tool_call(arguments), *HI], "max_tokens": 1})
+    assert r.status_code == 200, r.text
+
+
+def test_a_tool_schema_with_an_integer_beyond_64_bits_is_a_400(server: ServerProcess) -> None:
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "maxProperties": BIG}}}]
+    r = post(server, {"model": MODEL, "messages": HI, "tools": tools, "max_tokens": 1})
+    assert r.status_code == 400 and "`tools[0].function.parameters`" in r.json()["error"], r.text
