@@ -8,6 +8,7 @@ from litestar.response import ServerSentEvent
 
 from gateway.api import relay
 from gateway.api.auth import caller_of, tenant_of
+from gateway.api.body import read_json
 from gateway.api.disconnect import unless_disconnected
 from gateway.api.request_id import current_request_id
 from gateway.api.services import Services
@@ -23,8 +24,9 @@ def header_true(request: Request, name: str) -> bool:
 
 
 @post("/v1/chat/completions", status_code=200)
-async def chat_completions(request: Request, data: ChatRequest,
+async def chat_completions(request: Request, body: bytes,
                            services: NamedDependency[Services]) -> Response[ChatCompletion] | Response[bytes] | ServerSentEvent:  # fmt: skip
+    data = read_json(body, ChatRequest)
     entry = services.store.resolve(data.model)
     # Everything about the request is checked before a model is loaded for it.
     plan = plan_chat(data, current_request_id() or "", services.store, services.settings.grammar_dirs,

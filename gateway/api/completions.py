@@ -15,6 +15,7 @@ from litestar.response import ServerSentEvent
 
 from gateway.api import relay
 from gateway.api.auth import caller_of, tenant_of
+from gateway.api.body import read_json
 from gateway.api.disconnect import unless_disconnected
 from gateway.api.encoding import encode
 from gateway.api.request_id import current_request_id
@@ -69,8 +70,9 @@ def _prompts(data: CompletionRequest) -> list[str]:
 
 @post("/v1/completions", status_code=200)
 async def completions(
-    request: Request, data: CompletionRequest, services: NamedDependency[Services]
+    request: Request, body: bytes, services: NamedDependency[Services]
 ) -> Response[bytes] | ServerSentEvent:
+    data = read_json(body, CompletionRequest)
     entry = services.store.resolve(data.model)
     if entry.engine != "llama_cpp":
         raise BadRequest(f"`model`: {entry.id} is served by {entry.engine}; text completion needs a llama.cpp model")
@@ -96,8 +98,8 @@ async def completions(
     merged = relay.fan_out(worker, generations)
     choices = [_Choice(i, prompts[i // data.n] if data.echo else "", data.logprobs is not None) for i in range(total)]
     if not data.stream:
-        body = await acct.guard(unless_disconnected(request, _collect(acct, choices, merged)))
-        return Response(encode(body), media_type="application/json")
+        answer = await acct.guard(unless_disconnected(request, _collect(acct, choices, merged)))
+        return Response(encode(answer), media_type="application/json")
     first = await acct.guard(anext(merged))
     include_usage = bool(data.stream_options and data.stream_options.include_usage)
     return ServerSentEvent(_sse(acct, choices, first, merged, include_usage))

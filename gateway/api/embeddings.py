@@ -15,6 +15,7 @@ from litestar import Request, Response, post
 from litestar.di import NamedDependency
 
 from gateway.api.auth import caller_of
+from gateway.api.body import read_json
 from gateway.api.disconnect import unless_disconnected
 from gateway.api.request_id import current_request_id
 from gateway.api.services import Services
@@ -94,9 +95,8 @@ async def _ask(request: Request, worker: WorkerHandle, entry: ModelEntry, messag
 
 
 @post("/v1/embeddings", status_code=200)
-async def embeddings(
-    request: Request, data: EmbeddingRequest, services: NamedDependency[Services]
-) -> EmbeddingResponse:
+async def embeddings(request: Request, body: bytes, services: NamedDependency[Services]) -> EmbeddingResponse:
+    data = read_json(body, EmbeddingRequest)
     entry = services.store.resolve(data.model)
     texts, token_ids = split_input(data.input)
     if data.dimensions is not None and data.dimensions < 1:
@@ -115,9 +115,8 @@ async def embeddings(
 
 
 @post("/v1/reranking", status_code=200)
-async def reranking(
-    request: Request, data: RerankingRequest, services: NamedDependency[Services]
-) -> Response[RerankingResponse]:
+async def reranking(request: Request, body: bytes, services: NamedDependency[Services]) -> Response[RerankingResponse]:
+    data = read_json(body, RerankingRequest)
     entry = services.store.resolve(data.model)
     if data.query is None or not data.query.strip():
         raise BadRequest("`query` is required: the text to rank the documents against")

@@ -11,6 +11,7 @@ from litestar import Request, Response, post
 from litestar.di import NamedDependency
 
 from gateway.api.auth import caller_of
+from gateway.api.body import read_json
 from gateway.api.disconnect import unless_disconnected
 from gateway.api.encoding import encode
 from gateway.api.request_id import current_request_id
@@ -39,7 +40,8 @@ def rows_of(r: LogitRows) -> list[LogitRow]:
 
 
 @post("/v1/logits", status_code=200)
-async def logits(request: Request, data: LogitsRequest, services: NamedDependency[Services]) -> Response[bytes]:
+async def logits(request: Request, body: bytes, services: NamedDependency[Services]) -> Response[bytes]:
+    data = read_json(body, LogitsRequest)
     entry = services.store.resolve(data.model)
     if entry.engine != "llama_cpp":
         raise BadRequest(f"`model`: {entry.id} is served by {entry.engine}; logits need a llama.cpp model")
@@ -52,9 +54,9 @@ async def logits(request: Request, data: LogitsRequest, services: NamedDependenc
     reply = await accounting.guard(unless_disconnected(request, worker.call(message)))
     assert isinstance(reply, LogitRows)
     accounting.settle("ok", len(data.input_ids), 0)
-    body = LogitsResponse(model=entry.id, n_rows=reply.n_rows, vocab_size=reply.vocab_size, top_n=reply.top_n,
-                          rows=rows_of(reply))  # fmt: skip
-    return Response(encode(body), media_type="application/json")
+    answer = LogitsResponse(model=entry.id, n_rows=reply.n_rows, vocab_size=reply.vocab_size, top_n=reply.top_n,
+                            rows=rows_of(reply))  # fmt: skip
+    return Response(encode(answer), media_type="application/json")
 
 
 handlers = [logits]

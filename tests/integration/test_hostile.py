@@ -110,7 +110,7 @@ def test_grammar_and_schema_bombs_are_400s_and_the_worker_and_its_streams_live_o
 
 def test_json_nested_past_the_decoders_limit_is_a_400(server: ServerProcess) -> None:
     deep = "[" * 5000 + "]" * 5000
-    body = f'{{"model": "{MODEL}", "messages": [{{"role": "user", "content": "hi"}}], "response_format": {deep}}}'
+    body = f'{{"model": "{MODEL}", "messages": [{{"role": "user", "content": "hi"}}], "response_format": {{"x": {deep}}}}}'
     r = httpx.post(f"{server.base_url}/v1/chat/completions", content=body,
                    headers={"content-type": "application/json"}, timeout=30)  # fmt: skip
     assert r.status_code == 400 and "nests too deeply" in r.json()["error"]
@@ -162,3 +162,40 @@ def test_a_tool_schema_with_an_integer_beyond_64_bits_is_a_400(server: ServerPro
     tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "maxProperties": BIG}}}]
     r = post(server, {"model": MODEL, "messages": HI, "tools": tools, "max_tokens": 1})
     assert r.status_code == 400 and "`tools[0].function.parameters`" in r.json()["error"], r.text
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "field"),
+    [
+        ("/v1/chat/completions", {"messages": HI, "max_tokens": "3"}, "max_tokens"),
+        ("/v1/chat/completions", {"messages": HI, "max_tokens": 1, "stream": "false"}, "stream"),
+        ("/v1/chat/completions", {"messages": HI, "max_tokens": 1, "top_k": 1.0}, "top_k"),
+        ("/v1/completions", {"prompt": "x", "max_tokens": 1, "echo": 1}, "echo"),
+        ("/v1/logits", {"input_ids": [1], "last_only": 0}, "last_only"),
+        ("/v1/logits", {"input_ids": ["1"]}, "input_ids[0]"),
+        ("/v1/embeddings", {"input": "x", "dimensions": "8"}, "dimensions"),
+        ("/v1/reranking", {"query": "q", "documents": ["d"], "normalize": "true"}, "normalize"),
+    ],
+)
+def test_values_of_the_wrong_type_are_400s_not_coerced(
+    server: ServerProcess, path: str, body: dict, field: str
+) -> None:  # type: ignore[type-arg]
+    """Found by fuzzing: Litestar converts a `data` body leniently, so each of these was served as
+    if its value had the declared type; bodies are now decoded strictly (gateway/api/body.py)."""
+    r = httpx.post(f"{server.base_url}{path}", json={"model": MODEL, **body}, timeout=60)
+    assert r.status_code == 400 and f"`{field}`: Expected" in r.json()["error"], r.text
+
+
+@pytest.mark.parametrize(
+    ("content", "words"),
+    [
+        (b"", "the body is empty"),
+        (b"{", "not JSON"),
+        (b'{"a": ' + b"[" * 5000 + b"]" * 5000 + b"}", "nests too deeply"),
+    ],
+)
+def test_a_body_that_is_not_a_request_is_a_400(server: ServerProcess, content: bytes, words: str) -> None:
+    """Nesting past the recursion limit was a 500 (RecursionError in the JSON decoder)."""
+    r = httpx.post(f"{server.base_url}/v1/chat/completions", content=content,
+                   headers={"content-type": "application/json"}, timeout=30)  # fmt: skip
+    assert r.status_code == 400 and words in r.json()["error"], r.text
