@@ -15,6 +15,10 @@ skip_rich()  # before structlog is imported, below
 from protocol.logs import configure_logging  # noqa: E402
 
 PR_SET_PDEATHSIG = 1
+# Added to the worker's oom_score_adj (Linux: -1000..1000). When memory runs out, the kernel (or
+# the cgroup's limit, systemd's MemoryMax=) kills a worker, which costs one model, before the
+# gateway, which would cost the whole service.
+OOM_SCORE_ADJ_RAISE = 500
 
 
 def _die_with_parent(parent_pid: int) -> None:
@@ -39,6 +43,19 @@ def _lower_priority(nice: int) -> None:
             pass
 
 
+def _offer_to_oom_killer(raise_by: int = OOM_SCORE_ADJ_RAISE, path: str = "/proc/self/oom_score_adj") -> None:
+    """Raise our own oom_score_adj (raising needs no privilege; lowering would). Relative to the
+    gateway's, which we inherit, so an operator's OOMScoreAdjust= still orders the service among
+    other programs. Nothing to do where there is no /proc."""
+    try:
+        with open(path) as f:
+            current = int(f.read())
+        with open(path, "w") as f:
+            f.write(str(min(1000, current + raise_by)))
+    except (OSError, ValueError):
+        pass
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m workers")
     p.add_argument("--engine", default="llama_cpp")
@@ -61,6 +78,7 @@ def main(argv: list[str] | None = None) -> int:
 
     _die_with_parent(args.parent_pid)
     _lower_priority(args.nice)
+    _offer_to_oom_killer()
     # SIGINT goes to the whole process group on Ctrl-C; the gateway decides when we stop.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     configure_logging(args.log_level, worker=args.name)

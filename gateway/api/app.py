@@ -19,7 +19,6 @@ from litestar.exceptions import HTTPException, ValidationException
 from litestar.middleware import DefineMiddleware
 from litestar.plugins import PluginProtocol
 from litestar.plugins.core import MsgspecDIPlugin
-from sdnotify import SystemdNotifier
 
 from gateway.api import chat, completions, embeddings, health, logits, models, ops
 from gateway.api.auth import ApiKeyAuth
@@ -34,6 +33,7 @@ from gateway.ops.ledger import Ledger
 from gateway.ops.limits import KeyLimiter
 from gateway.ops.metrics import Metrics
 from gateway.ops.settings import Settings
+from gateway.ops.systemd import Systemd
 from gateway.supervisor.pool import WorkerPool
 from protocol.errors import ErrorResponse
 
@@ -149,7 +149,9 @@ def create_app(settings: Settings, lifecycle: Lifecycle | None = None, keys: Key
         metrics.watch(pool, limiter)
         pool.start()
         _reload_keys_on_sighup(keys)
-        notifier = SystemdNotifier()  # a no-op outside systemd
+        systemd = Systemd()  # a no-op outside systemd
+        systemd.start_watchdog()
+        lifecycle.on_drain.append(systemd.stopping)
 
         async def preload() -> None:
             for name in settings.preload:
@@ -159,7 +161,7 @@ def create_app(settings: Settings, lifecycle: Lifecycle | None = None, keys: Key
                 except Exception as exc:  # noqa: BLE001 - a bad preload must not stop the server
                     log.error("preload failed", model=name, error=str(exc))
             lifecycle.ready = True
-            notifier.notify("READY=1")
+            systemd.ready()
 
         preloading = asyncio.create_task(preload(), name="preload")
         log.info("geniex serving", url=f"{'https' if settings.certfile else 'http'}://{settings.host}:{settings.port}/v1", data_dir=str(settings.data_dir),
@@ -169,13 +171,14 @@ def create_app(settings: Settings, lifecycle: Lifecycle | None = None, keys: Key
         finally:
             preloading.cancel()
             lifecycle.ready = False
-            notifier.notify("STOPPING=1")
+            systemd.stopping()
             try:
                 await pool.close(settings.drain_timeout)
             finally:
                 metrics.watch(None)
                 ledger.close()  # after the pool, so requests it cut short are counted too
             zctx.term()
+            await systemd.close()
 
     # Only the operator's origins; their preflights get the headers they ask for named back (Litestar
     # reflects them under "*"), as a literal "*" never covers Authorization in a browser.

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 from typing import cast
 
 import msgspec
@@ -25,8 +26,22 @@ OPEN_PATHS = ("/health", "/ready", "/metrics")
 class Lifecycle:
     def __init__(self) -> None:
         self.ready = False  # preloading done; /ready answers 200
-        self.draining = False
+        self._draining = False
         self.inflight = 0
+        # Called once when the drain starts (from the signal handler: keep them quick, no awaits).
+        self.on_drain: list[Callable[[], None]] = []
+
+    @property
+    def draining(self) -> bool:
+        return self._draining
+
+    @draining.setter
+    def draining(self, value: bool) -> None:
+        starts = value and not self._draining
+        self._draining = value
+        if starts:
+            for callback in self.on_drain:
+                callback()
 
     async def wait(self, timeout: float) -> None:
         """Until no request is in flight, or `timeout` seconds."""
