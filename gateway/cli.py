@@ -84,6 +84,10 @@ def _add_serve(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> argp
     a("--keyfile", type=Path, default=None, help="the certificate's PEM private key")
     a("--max-connections", type=int, default=512,
       help="open HTTP connections at most; beyond it new ones get 503 at once")  # fmt: skip
+    a("--max-body", dest="max_body_mb", type=int, default=32,
+      help="MiB a request body may hold (images and audio travel inside it); larger is a 413")  # fmt: skip
+    a("--max-nctx", type=int, default=0,
+      help="the largest `nctx` a request may ask for (0: the context each model was trained for)")  # fmt: skip
     a("--allowed-host", dest="allowed_hosts", action="append", default=[],
       help="a Host name this server answers to besides loopback and the address it binds (repeatable; "
            "'*' for any); others get 403, against DNS rebinding")  # fmt: skip
@@ -188,6 +192,10 @@ def _serve(args: argparse.Namespace) -> int:
         raise SystemExit(f"error: --cache-ram must be 0 or more MiB, not {args.cache_ram_mb}")
     if args.max_connections < 1:
         raise SystemExit(f"error: --max-connections must be 1 or more, not {args.max_connections}")
+    if args.max_body_mb < 1:
+        raise SystemExit(f"error: --max-body must be 1 or more MiB, not {args.max_body_mb}")
+    if args.max_nctx < 0:
+        raise SystemExit(f"error: --max-nctx must be 0 (each model's trained context) or more, not {args.max_nctx}")
     check_tls(args.certfile, args.keyfile)
     host, port = split_host(args.host)
     keyed = bool(args.api_keys or args.api_key_file)
@@ -228,6 +236,8 @@ def _serve(args: argparse.Namespace) -> int:
         certfile=args.certfile,
         keyfile=args.keyfile,
         max_connections=args.max_connections,
+        max_body_mb=args.max_body_mb,
+        max_nctx=args.max_nctx,
     )
     configure_logging(settings.log_level)
     log = structlog.get_logger("gateway")

@@ -11,7 +11,16 @@ from typing import Annotated, Any, Literal
 import msgspec
 from msgspec import Meta
 
-from protocol.limits import Count, Int32, PositiveInt
+from protocol.limits import (
+    MAX_LOGIT_BIAS,
+    MAX_MESSAGES,
+    MAX_TOOLS,
+    Count,
+    Int32,
+    KeepAlive,
+    PositiveInt,
+    Stop,
+)
 
 Role = Literal["system", "developer", "user", "assistant", "tool", "function"]
 Compute = Literal["cpu", "gpu", "npu", "hybrid"]
@@ -85,14 +94,14 @@ class GenerationRequest(msgspec.Struct, kw_only=True):
     presence_penalty: Penalty | None = None
     frequency_penalty: Penalty | None = None
     seed: int | None = None  # any integer: reduced to 64 bits (the sampler uses the low 32)
-    stop: str | list[str] | None = None
+    stop: Stop | None = None
     n: Annotated[int, Meta(ge=1, le=16)] = 1
     user: str | None = None
     # GenieX extensions
     nctx: PositiveInt | None = None
     ngl: Int32 | None = None
     compute: Compute | None = None
-    keep_alive: float | None = None
+    keep_alive: KeepAlive | None = None
     # Prompt caching: a cached prefix is reused only by requests with the same `cache_salt`
     # (vLLM's name); `cache_prompt: false` (llama-server's name) neither reuses nor keeps one.
     cache_salt: Annotated[str, Meta(max_length=256)] | None = None
@@ -100,21 +109,21 @@ class GenerationRequest(msgspec.Struct, kw_only=True):
 
 
 class ChatRequest(GenerationRequest, kw_only=True):
-    messages: list[ChatMessage]
+    messages: Annotated[list[ChatMessage], Meta(max_length=MAX_MESSAGES)]
     max_completion_tokens: PositiveInt | None = None
     max_tokens: PositiveInt | None = None  # deprecated alias; ignored when both are present
     enable_think: bool | None = None
     enable_json: bool = False
     reasoning_format: ReasoningFormat | None = None
     # Accepted so that clients sending them get a clear answer, not a silent ignore.
-    tools: list[Tool] | None = None
+    tools: Annotated[list[Tool], Meta(max_length=MAX_TOOLS)] | None = None
     tool_choice: str | dict[str, Any] | None = None
     response_format: dict[str, Any] | None = None
     grammar_string: str | None = None
     grammar_path: str | None = None
     logprobs: bool | None = None
     top_logprobs: Annotated[int, Meta(ge=0, le=20)] | None = None
-    logit_bias: dict[str, float] | None = None
+    logit_bias: Annotated[dict[str, float], Meta(max_length=MAX_LOGIT_BIAS)] | None = None
     spec_type: str | None = None
     spec_draft_model: str | None = None
     spec_n_max: PositiveInt | None = None  # None: 3

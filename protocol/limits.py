@@ -1,4 +1,4 @@
-"""Bounds on the integers a request may carry to a worker.
+"""Bounds on what one request may carry to a worker: integers, counts of things, and time.
 
 A JSON integer has no size, but msgpack carries at most 64 bits and llama.cpp takes context
 sizes, token counts, top-k, layer counts and token ids as 32-bit C integers (ctypes wraps a
@@ -19,3 +19,21 @@ Count = Annotated[int, Meta(ge=0, le=INT32_MAX)]  # zero allowed: "no limit" or 
 PositiveInt = Annotated[int, Meta(ge=1, le=INT32_MAX)]
 # Out-of-vocabulary ids are the worker's to refuse, with the vocabulary size in the message.
 TokenId = Int32
+
+# Counts, so that one request cannot make the engine do unbounded work per token or per step.
+MAX_MESSAGES = 10_000  # a long agent session is hundreds
+MAX_TOOLS = 128  # OpenAI's own limit
+MAX_STOP = 16  # stop strings are searched at every token
+MAX_STOP_CHARS = 1024
+MAX_LOGIT_BIAS = 1024  # OpenAI allows 300
+# `keep_alive`: seconds a worker stays loaded after its last request; negative, until evicted or
+# stopped. A week at most: a finite float, so "1e400" (infinity) is a 400 and not a pinned model.
+MAX_KEEP_ALIVE_S = 7 * 24 * 3600
+# What a prompt's text may hold before it is tokenized, per token of the context it must fit in:
+# no tokenizer makes fewer tokens than this many characters each, so a longer prompt cannot fit,
+# and is refused without the worker spending seconds tokenizing megabytes of it.
+MAX_PROMPT_CHARS_PER_TOKEN = 32
+
+KeepAlive = Annotated[float, Meta(ge=-1, le=MAX_KEEP_ALIVE_S)]
+StopString = Annotated[str, Meta(max_length=MAX_STOP_CHARS)]
+Stop = StopString | Annotated[list[StopString], Meta(max_length=MAX_STOP)]

@@ -144,6 +144,8 @@ def create_app(settings: Settings, lifecycle: Lifecycle | None = None, keys: Key
         metrics = Metrics()
         pool = WorkerPool(settings, zctx, metrics)
         store = ModelStore(settings.data_dir)
+        if swept := store.sweep_partial():
+            log.info("removed downloads that a stopped pull left behind", paths=[str(p) for p in swept])
         ledger = Ledger(settings.data_dir)
         app.state.services = Services(settings, store, pool, ledger, metrics, lifecycle, limiter)
         metrics.watch(pool, limiter)
@@ -213,6 +215,8 @@ def create_app(settings: Settings, lifecycle: Lifecycle | None = None, keys: Key
             RecursionError: _on_too_deep,
             Exception: _on_unexpected,
         },
+        # Litestar reads a body up to this and answers 413 beyond it (without reading the rest).
+        request_max_body_size=settings.max_body_mb * 1024 * 1024,
         openapi_config=None,
         logging_config=None,
         debug=False,

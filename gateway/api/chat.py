@@ -12,7 +12,7 @@ from gateway.api.body import read_json
 from gateway.api.disconnect import unless_disconnected
 from gateway.api.request_id import current_request_id
 from gateway.api.services import Services
-from gateway.chat.convert import plan_chat
+from gateway.chat.convert import plan_chat, prompt_chars
 from gateway.chat.shape import ChoiceShaper
 from protocol.chat import ChatCompletion, ChatRequest
 
@@ -34,7 +34,9 @@ async def chat_completions(request: Request, body: bytes,
     accounting = services.accounting(entry.id, caller_of(request), data.user)
     completion = relay.Completion(entry.id, accounting, data.n)  # a warm-up never settles it: not counted
     worker = await completion.guard(services.worker(entry, nctx=data.nctx, compute=data.compute, ngl=data.ngl,
-                                                    keep_alive=data.keep_alive))  # fmt: skip
+                                                    keep_alive=data.keep_alive,
+                                                    prompt_chars=prompt_chars(data.messages),
+                                                    draft_path=plan.draft_path))  # fmt: skip
     if not data.messages:  # warm-up: load the model, answer null
         await worker.warmup()
         return Response(content=b"null", media_type="application/json")

@@ -91,8 +91,9 @@ async def completions(
     total = len(prompts) * data.n
     accounting = services.accounting(entry.id, caller_of(request), data.user)
     acct = relay.Completion(entry.id, accounting, total, data.n, id_prefix="cmpl")
+    longest = max(len(p) for p in prompts) + len(data.suffix or "")
     worker = await acct.guard(services.worker(entry, nctx=data.nctx, compute=data.compute, ngl=data.ngl,
-                                              keep_alive=data.keep_alive))  # fmt: skip
+                                              keep_alive=data.keep_alive, prompt_chars=longest))  # fmt: skip
     # Choice i is prompt i // n, sample i % n of it.
     generations = [seeded(msgspec.structs.replace(base, prompt=prompts[i // data.n]), i % data.n) for i in range(total)]
     merged = relay.fan_out(worker, generations)

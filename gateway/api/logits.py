@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
 import sys
 from array import array
+from collections.abc import Iterator
 from typing import Any
 
 import structlog
@@ -17,7 +19,7 @@ from gateway.api.encoding import encode
 from gateway.api.request_id import current_request_id
 from gateway.api.services import Services
 from gateway.errors import BadRequest
-from protocol.logits import LogitRow, LogitsRequest, LogitsResponse
+from protocol.logits import LogitRow, LogitsRequest, LogitsResponse, logit_values
 from protocol.wire import LogitRows, Logits
 
 
@@ -28,15 +30,22 @@ def _floats(raw: bytes, typecode: str) -> array[Any]:
     return values
 
 
-def rows_of(r: LogitRows) -> list[LogitRow]:
+def rows_of(r: LogitRows) -> Iterator[LogitRow]:
     width = r.top_n or r.vocab_size
     logits = _floats(r.logits, "f")
     ids = _floats(r.token_ids, "i") if r.top_n else None
-    rows = []
     for i in range(r.n_rows):
         cut = slice(i * width, (i + 1) * width)
-        rows.append(LogitRow(logits=logits[cut].tolist(), token_ids=ids[cut].tolist() if ids is not None else None))
-    return rows
+        yield LogitRow(logits=logits[cut].tolist(), token_ids=ids[cut].tolist() if ids is not None else None)
+
+
+def answer_json(model: str, r: LogitRows) -> bytes:
+    """The LogitsResponse as JSON, one row at a time: an answer may hold millions of values, and
+    converting them in one call would hold the GIL (and so the event loop) for its whole length."""
+    head = encode(LogitsResponse(model=model, n_rows=r.n_rows, vocab_size=r.vocab_size, top_n=r.top_n, rows=[]))
+    before, after = head.split(b'"rows":[]', 1)
+    rows = b",".join(encode(row) for row in rows_of(r))
+    return before + b'"rows":[' + rows + b"]" + after
 
 
 @post("/v1/logits", status_code=200)
@@ -47,6 +56,8 @@ async def logits(request: Request, body: bytes, services: NamedDependency[Servic
         raise BadRequest(f"`model`: {entry.id} is served by {entry.engine}; logits need a llama.cpp model")
     if not data.input_ids:
         raise BadRequest("`input_ids`: at least one token id is required")
+    if data.top_n and (too_many := logit_values(1 if data.last_only else len(data.input_ids), data.top_n)):
+        raise BadRequest(too_many)  # a whole-vocabulary answer is the worker's to check: it knows the width
     accounting = services.accounting(entry.id, caller_of(request), None)
     worker = await accounting.guard(services.worker(entry, nctx=data.nctx, compute=data.compute, ngl=data.ngl))
     structlog.contextvars.bind_contextvars(input_tokens=len(data.input_ids))
@@ -54,9 +65,8 @@ async def logits(request: Request, body: bytes, services: NamedDependency[Servic
     reply = await accounting.guard(unless_disconnected(request, worker.call(message)))
     assert isinstance(reply, LogitRows)
     accounting.settle("ok", len(data.input_ids), 0)
-    answer = LogitsResponse(model=entry.id, n_rows=reply.n_rows, vocab_size=reply.vocab_size, top_n=reply.top_n,
-                            rows=rows_of(reply))  # fmt: skip
-    return Response(encode(answer), media_type="application/json")
+    # Off the event loop: other requests' streams go on while a large answer is converted.
+    return Response(await asyncio.to_thread(answer_json, entry.id, reply), media_type="application/json")
 
 
 handlers = [logits]

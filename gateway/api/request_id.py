@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import re
 import time
 import uuid
+from collections.abc import Iterable
 from typing import cast
 
 import structlog
@@ -12,6 +14,14 @@ from litestar.types import ASGIApp, HTTPScope, Message, Receive, Scope, Send
 log = structlog.get_logger("gateway.http")
 
 HEADER = b"x-request-id"
+# A client's own id is kept when it is a plain token (a tracing id, a UUID); anything else (not
+# ASCII, control characters, too long) is replaced, since it is echoed in a header and the logs.
+_CLIENT_ID = re.compile(rb"^[A-Za-z0-9._:/+=-]{1,64}$")
+
+
+def request_id_of(headers: Iterable[tuple[bytes, bytes]]) -> str:
+    given = next((v for k, v in headers if k == HEADER), b"")
+    return given.decode() if _CLIENT_ID.match(given) else f"req-{uuid.uuid4().hex[:12]}"
 
 
 def current_request_id() -> str | None:
@@ -26,8 +36,7 @@ class RequestIdMiddleware:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        rid = next((v.decode() for k, v in scope["headers"] if k == HEADER), "") or f"req-{uuid.uuid4().hex[:12]}"
-        rid = rid[:64]
+        rid = request_id_of(scope["headers"])
         structlog.contextvars.clear_contextvars()
         structlog.contextvars.bind_contextvars(request_id=rid)
         t0 = time.perf_counter()

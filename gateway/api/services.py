@@ -15,6 +15,7 @@ from litestar.datastructures import State
 from litestar.di import NamedDependency
 
 from gateway.api.lifecycle import Lifecycle
+from gateway.errors import BadRequest
 from gateway.models.store import ModelEntry, ModelStore
 from gateway.ops.accounting import Accounting
 from gateway.ops.ledger import Ledger
@@ -22,7 +23,9 @@ from gateway.ops.limits import KeyLimiter
 from gateway.ops.metrics import Metrics
 from gateway.ops.settings import Settings
 from gateway.supervisor.handle import WorkerHandle
+from gateway.supervisor.memory import trained_context
 from gateway.supervisor.pool import WorkerPool
+from protocol.limits import MAX_PROMPT_CHARS_PER_TOKEN
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,14 +51,36 @@ class Services:
         return Accounting(timer, record)
 
     async def worker(self, entry: ModelEntry, *, nctx: int | None = None, compute: str | None = None,
-                     ngl: int | None = None, keep_alive: float | None = None) -> WorkerHandle:  # fmt: skip
+                     ngl: int | None = None, keep_alive: float | None = None,
+                     prompt_chars: int = 0, draft_path: str = "") -> WorkerHandle:  # fmt: skip
         """The worker for this model and these per-request settings, started if need be; the
-        request's log lines name it from here on."""
-        worker = await self.pool.get(self.pool.key_for(entry, nctx, compute, ngl), entry)
+        request's log lines name it from here on. A request that asks for more context than it
+        may, or whose prompt (`prompt_chars` of text) cannot fit, is refused before any load."""
+        key = self.pool.key_for(entry, nctx, compute, ngl)
+        if nctx is not None:
+            check_nctx(nctx, entry, self.settings.max_nctx)
+        check_prompt_chars(prompt_chars, key.nctx)
+        worker = await self.pool.get(key, entry)
+        self.pool.add_draft(worker, draft_path)
         structlog.contextvars.bind_contextvars(model=entry.id, worker_pid=worker.pid)
         if keep_alive is not None:
             worker.keepalive = keep_alive
         return worker
+
+
+def check_nctx(nctx: int, entry: ModelEntry, max_nctx: int) -> None:
+    """A request's `nctx` is at most the operator's `--max-nctx`, or else the model's trained
+    context: beyond it a model answers garbage, and its KV cache costs memory all the same."""
+    limit = max_nctx or trained_context(entry.path)
+    if limit is not None and nctx > limit:
+        why = "the server's --max-nctx" if max_nctx else f"the context {entry.id} was trained for"
+        raise BadRequest(f"`nctx`: {nctx} is more than {why} ({limit})")
+
+
+def check_prompt_chars(chars: int, nctx: int) -> None:
+    if chars > MAX_PROMPT_CHARS_PER_TOKEN * nctx:
+        raise BadRequest(f"the prompt is {chars} characters, more than a context of {nctx} tokens can hold; "
+                         "shorten it or ask for a larger `nctx`", code="context_length_exceeded")  # fmt: skip
 
 
 def provide_services(state: State) -> Services:

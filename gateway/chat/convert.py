@@ -118,10 +118,21 @@ def sampling_of(req: GenerationRequest) -> Sampling:
 def stop_list(stop: str | list[str] | None) -> list[str]:
     if stop is None:
         return []
-    stops = [stop] if isinstance(stop, str) else stop
-    if len(stops) > 16:
-        raise BadRequest("`stop`: at most 16 stop sequences")
+    stops = [stop] if isinstance(stop, str) else stop  # count and length bounded at decoding
     return [s for s in stops if s]
+
+
+def prompt_chars(messages: list[ChatMessage]) -> int:
+    """The text the conversation carries, before its template: what the prompt at least holds."""
+    total = 0
+    for m in messages:
+        if isinstance(m.content, str):
+            total += len(m.content)
+        elif m.content:
+            total += sum(len(p.text or "") for p in m.content)
+        total += len(m.reasoning_content or "")
+        total += sum(len(c.function.arguments) for c in m.tool_calls or ())
+    return total
 
 
 class Shape(msgspec.Struct, frozen=True):
@@ -151,6 +162,12 @@ class ChatPlan(msgspec.Struct, frozen=True):
     generate: Generate
     shape: Shape
     n: int = 1
+
+    @property
+    def draft_path(self) -> str:
+        """The draft model a speculative request has its worker load ("" for none)."""
+        spec = self.generate.speculation
+        return spec.draft_path if spec is not None else ""
 
     def generations(self) -> list[Generate]:
         """One Generate per choice: seeds seed, seed+1, ... so that seeded choices differ but stay

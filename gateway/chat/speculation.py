@@ -62,6 +62,8 @@ def speculation_of(req: ChatRequest, store: ModelStore) -> Speculation | None:
 
 def draft_model_path(name: str, store: ModelStore) -> str:
     """The canonical path of the GGUF `name` designates, or BadRequest."""
+    if "\x00" in name or len(name) > 4096:
+        raise BadRequest("`spec_draft_model`: not a model name or a path")
     if os.path.isabs(name) or name.startswith(("~", "./", "../")):
         return _allowed_path(name, store)
     try:

@@ -177,8 +177,19 @@ def bundled_models() -> list[ModelEntry]:
     ]
 
 
-def _delete(path: Path) -> None:
-    """Remove a variant's file or folder, if it is there."""
+def in_repo(repo_dir: Path, file: str) -> Path | None:
+    """`repo_dir / file` when `file` is a plain name in that folder; None for anything a hand-edited
+    or hostile manifest could use to point elsewhere: a path, `..`, `.`, a NUL, a drive letter."""
+    bad = not file or file in (".", "..") or any(c in file for c in "/\\\x00:") or len(file.encode()) > 255
+    return None if bad else repo_dir / file
+
+
+def _delete(repo_dir: Path, file: str) -> None:
+    """Remove a variant's file or folder, if it is there; a symlink is removed, never followed."""
+    path = in_repo(repo_dir, file)
+    if path is None:
+        log.warning("not deleting a file the manifest names outside its folder", folder=str(repo_dir), file=file)
+        return
     if path.is_dir() and not path.is_symlink():
         shutil.rmtree(path, ignore_errors=True)
     else:
@@ -193,6 +204,19 @@ def _fsync_dir(path: Path) -> None:
             os.fsync(fd)
         finally:
             os.close(fd)
+
+
+PARTIAL_IDLE_S = 3600.0
+
+
+def _newest_mtime(folder: Path) -> float:
+    """The latest change to `folder` or anything in it (symlinks not followed)."""
+    newest = 0.0
+    for root, dirs, files in os.walk(folder):
+        for name in (root, *(os.path.join(root, n) for n in (*dirs, *files))):
+            with contextlib.suppress(OSError):
+                newest = max(newest, os.lstat(name).st_mtime)
+    return newest
 
 
 def _fsync_file(path: Path) -> None:
@@ -252,6 +276,22 @@ class ModelStore:
         path = self.models_dir / ".partial" / uuid.uuid4().hex
         path.mkdir(parents=True)
         return path
+
+    def sweep_partial(self, idle_s: float = PARTIAL_IDLE_S) -> list[Path]:
+        """Remove staging folders left by pulls that died (killed, power cut); returns them. A
+        folder in which nothing was written for `idle_s` is abandoned: a live download writes
+        every few seconds, and `geniex pull` in another process may be running right now."""
+        removed = []
+        now = time.time()
+        try:
+            folders = list((self.models_dir / ".partial").iterdir())
+        except OSError:
+            return []
+        for folder in folders:
+            if now - _newest_mtime(folder) >= idle_s:
+                _delete(folder.parent, folder.name)
+                removed.append(folder)
+        return removed
 
     def import_local(self, src: Path, name: str) -> ModelEntry:
         """Copy a local GGUF file, or an ONNX model (its folder or .onnx file, with the folder's
@@ -320,8 +360,8 @@ class ModelStore:
             dest = repo_dir / f"{repo}.{precision}-onnx"
             if old is not None:  # drop the old entry before its folder goes
                 self._write_manifest(manifest_path, manifest)
-                _delete(repo_dir / old.file)
-            _delete(dest)
+                _delete(repo_dir, old.file)
+            _delete(repo_dir, dest.name)
             os.replace(folder, dest)
             _fsync_dir(repo_dir)
             size = sum(f.stat().st_size for f in dest.rglob("*") if f.is_file())
@@ -360,7 +400,7 @@ class ModelStore:
             )
             self._write_manifest(manifest_path, manifest)
             if old is not None and old.file != dest.name:
-                (repo_dir / old.file).unlink(missing_ok=True)
+                _delete(repo_dir, old.file)
             return self._entry(repo_dir, manifest, precision)
 
     def remove(self, name: str) -> list[ModelEntry]:
@@ -381,7 +421,7 @@ class ModelStore:
                     else:
                         (repo_dir / "manifest.json").unlink(missing_ok=True)
                     for file in files:
-                        _delete(repo_dir / file)
+                        _delete(repo_dir, file)
                     if not manifest.variants:
                         for d in (repo_dir, repo_dir.parent):
                             with contextlib.suppress(OSError):  # not empty: something else lives there
@@ -432,7 +472,12 @@ class ModelStore:
             manifest = self._read_manifest(path)
             if manifest is None:
                 continue
-            for key in manifest.variants:
+            for key, variant in manifest.variants.items():
+                if in_repo(path.parent, variant.file) is None:
+                    log.warning(
+                        "ignoring a variant whose file is outside its folder", manifest=str(path), file=variant.file
+                    )
+                    continue
                 entry = self._entry(path.parent, manifest, key)
                 if os.path.isfile(entry.path) or os.path.isfile(os.path.join(entry.path, "model.onnx")):
                     yield entry  # (files deleted by hand are skipped)

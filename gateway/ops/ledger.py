@@ -20,6 +20,7 @@ blocked for more than that.
 from __future__ import annotations
 
 import hashlib
+import os
 import sqlite3
 import time
 from collections.abc import Callable
@@ -139,7 +140,11 @@ def open_readonly(data_dir: Path) -> sqlite3.Connection | None:
 class Ledger:
     def __init__(self, data_dir: Path) -> None:
         self.path = db_path(data_dir)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        # Private from the start: it names callers and users. SQLite gives its -wal and -shm files
+        # the database file's mode, so those are private too.
+        os.close(os.open(self.path, os.O_CREAT | os.O_RDWR, 0o600))
+        os.chmod(self.path, 0o600)  # a ledger made before this rule
         self._pending: dict[RowKey, list[int]] = {}
         self._conn: sqlite3.Connection | None = self._connect()
 

@@ -59,6 +59,8 @@ class Settings(msgspec.Struct, kw_only=True):
     certfile: Path | None = None  # with keyfile: HTTPS
     keyfile: Path | None = None
     max_connections: int = 512  # uvicorn answers 503 beyond it
+    max_body_mb: int = 32  # a larger request body is a 413 (images and audio travel inside it)
+    max_nctx: int = 0  # the largest per-request `nctx`; 0: the context each model was trained for
 
 
 def split_host(value: str) -> tuple[str, int]:

@@ -84,8 +84,13 @@ class WorkerSpec(msgspec.Struct, frozen=True, kw_only=True):
     cache_ram_mb: int = 0  # the chat engine's prompt cache in host RAM
 
     def argv(self, inbox: str, outbox: str) -> list[str]:
+        # Isolated mode (-I): no PYTHON* variables, no user site-packages, and not the working
+        # directory on sys.path, so a stray workers.py or a PYTHONPATH in the service's
+        # environment cannot put code into a worker. A bytecode cache set for the gateway
+        # (PYTHONPYCACHEPREFIX, as the systemd unit sets it) is passed on explicitly.
+        cache = ["-X", f"pycache_prefix={sys.pycache_prefix}"] if sys.pycache_prefix else []
         return [
-            sys.executable, "-m", "workers",
+            sys.executable, "-I", *cache, "-m", "workers",
             "--engine", self.engine,
             "--model", self.model_path,
             "--compute", self.key.compute,
@@ -141,6 +146,7 @@ class WorkerHandle:
         self.requests_served = 0
         self.exit_reason: str | None = None
         self.keepalive: float | None = None  # a request's `keep_alive` overrides --keepalive
+        self.drafts: set[str] = set()  # draft models requests had it load (pool.add_draft)
         self.tokens_generated = 0
         self.cache_bytes = 0  # the worker's prompt cache, as its last Started said
         self.cache_evictions = 0
@@ -155,6 +161,7 @@ class WorkerHandle:
         self._reader: asyncio.Task[None] | None = None
         self._watcher: asyncio.Task[None] | None = None
         slug = spec.key.slug
+        self._cwd = runtime_dir  # the gateway's private 0700 folder
         self._inbox = f"ipc://{runtime_dir / slug}.in"
         self._outbox = f"ipc://{runtime_dir / slug}.out"
         self._push = zctx.socket(zmq.PUSH)
@@ -214,7 +221,8 @@ class WorkerHandle:
         # The worker outlives the request that started it: its tasks log without that request's id.
         fresh = contextvars.Context()
         try:
-            self.proc = await asyncio.create_subprocess_exec(*argv, stdin=asyncio.subprocess.DEVNULL)
+            # A fixed working directory, the gateway's private one: nothing resolves against where it was started.
+            self.proc = await asyncio.create_subprocess_exec(*argv, stdin=asyncio.subprocess.DEVNULL, cwd=self._cwd)
         except OSError as exc:
             await self.stop(graceful=False)
             raise WorkerUnavailable(f"could not start a worker for {s.key.model}: {exc}") from None

@@ -22,7 +22,7 @@ EMBED_BATCH_TOKENS = 2048
 _SCALAR = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
 _STRING, _ARRAY = 8, 9
 _WANTED = (".block_count", ".embedding_length", ".attention.head_count", ".attention.head_count_kv",
-           ".attention.key_length", ".attention.value_length", ".pooling_type")  # fmt: skip
+           ".attention.key_length", ".attention.value_length", ".pooling_type", ".context_length")  # fmt: skip
 ARCHITECTURE = "general.architecture"
 # Encoder-only architectures: embedding models even when the file declares no pooling.
 ENCODER_ARCHS = frozenset({
@@ -104,6 +104,17 @@ def is_embedding_gguf(path: str) -> bool:
     arch = str(meta.get(ARCHITECTURE, ""))
     pooling = meta.get(f"{arch}.pooling_type")
     return arch in ENCODER_ARCHS or (pooling is not None and int(pooling) != POOLING_NONE)
+
+
+def trained_context(path: str) -> int | None:
+    """The context length a GGUF model was trained for (`<arch>.context_length`); None when the
+    file does not say (or is not a GGUF)."""
+    try:
+        meta = _header(path, os.path.getmtime(path)) if path.endswith(".gguf") else {}
+    except OSError:
+        return None
+    value = meta.get(f"{meta.get(ARCHITECTURE, '')}.context_length")
+    return int(value) if isinstance(value, int | float) and value > 0 else None
 
 
 def _kv_bytes_per_token(path: str, mtime: float) -> int:

@@ -42,6 +42,9 @@ log = structlog.get_logger("gateway.supervisor.pool")
 CAPACITY_WAIT_S = 60.0
 
 
+MAX_DRAFTS_COUNTED = 2  # a worker's draft models (workers/engines/llama/speculation.py MAX_DRAFT_MODELS)
+
+
 def default_parallel(nctx: int) -> int:
     """Slots per worker when --parallel is not set: more for short contexts, since KV grows with both.
     (Eight slots of a small model cost about 13% of the four-client throughput on this CPU, measured
@@ -70,7 +73,7 @@ class WorkerPool:
         self._estimates: dict[WorkerKey, int] = {}
         self._idle = asyncio.Condition()
         self._capacity_waiters = 0
-        self._start_lock = asyncio.Lock()  # one eviction plan at a time
+        self._start_lock = asyncio.Lock()  # one eviction plan at a time (never held across a wait or a load)
         self._cores = psutil.cpu_count(logical=False) or os.cpu_count() or 1
 
     def key_for(self, entry: ModelEntry, nctx: int | None, compute: str | None, ngl: int | None) -> WorkerKey:
@@ -168,37 +171,44 @@ class WorkerPool:
         kv_tokens = embedding_kv_tokens(entry.path) if engine == "llama_embed" else key.nctx * parallel
         cache_mb = s.cache_ram_mb if engine == "llama_cpp" else 0  # the chat engine's prompt cache
         need = estimate_worker_bytes(entry.path, kv_tokens) + (cache_mb << 20)
-        async with self._start_lock:
-            await self._make_room(key, need)
-            spec = WorkerSpec(
-                key=key,
-                model_path=entry.path,
-                engine=engine,
-                ngl=key.ngl,
-                parallel=parallel,
-                threads=s.threads,
-                log_level=s.log_level or "info",
-                load_timeout=s.load_timeout,
-                max_queue=s.max_queue,
-                stream_interval_ms=s.stream_interval_ms,
-                nice=s.worker_nice,
-                batch_tokens=EMBED_BATCH_TOKENS if engine == "llama_embed" else 0,
-                cache_ram_mb=cache_mb,
-            )
-            handle = WorkerHandle(spec, self.zctx, self.runtime_dir, self.events)
-            self.workers[key] = handle
-            self._estimates[key] = need
-            self.metrics.worker_started(key.model)
-            t0 = time.perf_counter()
-            try:
-                ready = await handle.start()
-            except BaseException:
+        spec = WorkerSpec(
+            key=key,
+            model_path=entry.path,
+            engine=engine,
+            ngl=key.ngl,
+            parallel=parallel,
+            threads=s.threads,
+            log_level=s.log_level or "info",
+            load_timeout=s.load_timeout,
+            max_queue=s.max_queue,
+            stream_interval_ms=s.stream_interval_ms,
+            nice=s.worker_nice,
+            batch_tokens=EMBED_BATCH_TOKENS if engine == "llama_embed" else 0,
+            cache_ram_mb=cache_mb,
+        )
+        handle = await self._admit(spec, need)
+        self.metrics.worker_started(key.model)
+        t0 = time.perf_counter()
+        try:
+            # No lock is held here: other models start (and are planned around this one, which
+            # counts as resident and busy) while this one loads.
+            ready = await handle.start()
+        except BaseException:
+            if self.workers.get(key) is handle:
                 self.workers.pop(key, None)
-                await handle.stop(graceful=False)
-                raise
+            await handle.stop(graceful=False)
+            raise
         log.info("worker ready", worker=key.slug, pid=ready.pid, seconds=round(time.perf_counter() - t0, 3),
                  parallel=ready.parallel, n_ctx=ready.n_ctx, estimate_mb=need >> 20, cpu_features=ready.cpu_features)  # fmt: skip
         return handle
+
+    def add_draft(self, handle: WorkerHandle, path: str) -> None:
+        """A draft model the worker loads for a request, counted in its memory from then on (it
+        stays loaded for the worker's life; the worker holds a few at most)."""
+        if path and path not in handle.drafts and len(handle.drafts) < MAX_DRAFTS_COUNTED:
+            handle.drafts.add(path)
+            kv_tokens = handle.key.nctx * handle.spec.parallel
+            self._estimates[handle.key] = self._estimates.get(handle.key, 0) + estimate_worker_bytes(path, kv_tokens)
 
     def _residents(self) -> list[Resident]:
         return [
@@ -213,32 +223,46 @@ class WorkerPool:
             if h.alive
         ]
 
-    async def _make_room(self, key: WorkerKey, need: int) -> None:
+    def _available_bytes(self) -> int:
+        """Free RAM for a new worker: what the machine has now, less the reserve, less what the
+        workers still loading have yet to allocate (their whole estimate, to be safe)."""
+        loading = sum(self._estimates.get(k, 0) for k, h in self.workers.items() if h.state is State.STARTING)
+        return psutil.virtual_memory().available - self.settings.memory_reserve_mb * (1 << 20) - loading
+
+    async def _admit(self, spec: WorkerSpec, need: int) -> WorkerHandle:
+        """Evict what must go so that `spec`'s worker fits, then register its handle (not yet
+        started). The lock covers one eviction plan and its registration, never a wait: while
+        every worker is busy, this waits for one to go idle with the lock released."""
+        key = spec.key
         deadline = time.monotonic() + CAPACITY_WAIT_S
         waiting = False
         try:
             while True:
-                available = psutil.virtual_memory().available - self.settings.memory_reserve_mb * (1 << 20)
-                residents = self._residents()
-                plan = plan_evictions(
-                    residents,
-                    need_bytes=need,
-                    available_bytes=available,
-                    max_loaded=self.settings.max_loaded,
-                    npu=key.compute == "npu",
-                )
-                log.debug("eviction plan", worker=key.slug, need_mb=need >> 20, available_mb=available >> 20,
-                          max_loaded=self.settings.max_loaded, evict=plan,
-                          residents=[{"worker": r.slug, "idle": r.idle, "mb": r.bytes >> 20} for r in residents])  # fmt: skip
-                if plan is not None:
-                    await self._evict(plan)
-                    return
-                if not self.workers and need > available:
-                    raise Overloaded(
-                        f"{key.model} needs about {need >> 20} MiB but only {max(available, 0) >> 20} MiB is free "
-                        f"after the {self.settings.memory_reserve_mb} MiB reserve; lower nctx or --parallel",
-                        retry_after=30,
+                async with self._start_lock:
+                    available = self._available_bytes()
+                    residents = self._residents()
+                    plan = plan_evictions(
+                        residents,
+                        need_bytes=need,
+                        available_bytes=available,
+                        max_loaded=self.settings.max_loaded,
+                        npu=key.compute == "npu",
                     )
+                    log.debug("eviction plan", worker=key.slug, need_mb=need >> 20, available_mb=available >> 20,
+                              max_loaded=self.settings.max_loaded, evict=plan,
+                              residents=[{"worker": r.slug, "idle": r.idle, "mb": r.bytes >> 20} for r in residents])  # fmt: skip
+                    if plan is not None:
+                        await self._evict(plan)
+                        handle = WorkerHandle(spec, self.zctx, self.runtime_dir, self.events)
+                        self.workers[key] = handle
+                        self._estimates[key] = need
+                        return handle
+                    if not self.workers and need > available:
+                        raise Overloaded(
+                            f"{key.model} needs about {need >> 20} MiB but only {max(available, 0) >> 20} MiB is free "
+                            f"after the {self.settings.memory_reserve_mb} MiB reserve; lower nctx or --parallel",
+                            retry_after=30,
+                        )
                 if not waiting:
                     if self._capacity_waiters >= self.settings.max_queue:
                         raise Overloaded("every loaded worker is busy and the wait list is full; retry shortly")

@@ -110,7 +110,9 @@ def test_grammar_and_schema_bombs_are_400s_and_the_worker_and_its_streams_live_o
 
 def test_json_nested_past_the_decoders_limit_is_a_400(server: ServerProcess) -> None:
     deep = "[" * 5000 + "]" * 5000
-    body = f'{{"model": "{MODEL}", "messages": [{{"role": "user", "content": "hi"}}], "response_format": {{"x": {deep}}}}}'
+    body = (
+        f'{{"model": "{MODEL}", "messages": [{{"role": "user", "content": "hi"}}], "response_format": {{"x": {deep}}}}}'
+    )
     r = httpx.post(f"{server.base_url}/v1/chat/completions", content=body,
                    headers={"content-type": "application/json"}, timeout=30)  # fmt: skip
     assert r.status_code == 400 and "nests too deeply" in r.json()["error"]

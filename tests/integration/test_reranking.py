@@ -107,3 +107,10 @@ def test_cross_encoder_scores_pairs(server: ServerProcess) -> None:
     assert r.json()["result"] == [float(sum(tok.encode(QUERY, d).type_ids)) for d in DOCS]
     e = httpx.post(f"{server.base_url}/v1/embeddings", json={"model": CROSS, "input": "x"}, timeout=60)
     assert e.status_code == 400 and "cross-encoder" in e.json()["error"]
+
+
+def test_a_query_too_long_for_the_model_is_refused_once_not_per_document(server: ServerProcess) -> None:
+    """The query is tokenized once and refused before it is paired with each of 2048 documents."""
+    for model in (CROSS, ONNX_MODEL):
+        r = rerank(server, model=model, query="word " * 20_000, documents=["d"] * 2048)
+        assert r.status_code == 400 and "`query`" in r.json()["error"], (model, r.text[:300])

@@ -148,3 +148,18 @@ def test_readonly_open_of_missing_or_cleanly_closed_ledger(tmp_path: Path) -> No
     assert reader is not None
     assert [(r.user, r.total_tokens) for r in query(reader)] == [("u", 5)]
     reader.close()
+
+
+def test_the_ledger_is_private_to_the_server_user(tmp_path: Path) -> None:
+    """It names callers and users: 0600 (its WAL and shm files take its mode), in a 0700 folder
+    when the server creates that folder; a ledger made before this rule is made private too."""
+    data = tmp_path / "data"
+    led = Ledger(data)
+    led.record(MODEL, "k", "alice", 1, 1)
+    modes = {p.name: p.stat().st_mode & 0o777 for p in data.iterdir()}
+    assert data.stat().st_mode & 0o777 == 0o700
+    assert modes and all(mode == 0o600 for mode in modes.values()), modes
+    led.close()
+    db_path(data).chmod(0o644)
+    Ledger(data).close()
+    assert db_path(data).stat().st_mode & 0o777 == 0o600

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from pathlib import Path
 
 import msgspec
@@ -15,6 +16,7 @@ from gateway.models.store import (
     ModelEntry,
     ModelStore,
     bundled_models,
+    in_repo,
     precision_from_filename,
 )
 
@@ -315,3 +317,24 @@ def test_remove_unknown(store: ModelStore, tmp_path: Path) -> None:
         store.remove("org/model:Q8_0")
     with pytest.raises(ModelNotFound):
         store.remove("../../etc")
+
+
+# ---------------------------------------------------------------- hygiene
+
+
+@pytest.mark.parametrize("name", ["", ".", "..", "../x", "a/b", "/etc/passwd", "..\\x", "C:x", "a\x00b", "x" * 256])
+def test_a_manifest_file_name_that_leaves_its_folder_names_nothing(tmp_path: Path, name: str) -> None:
+    assert in_repo(tmp_path, name) is None
+    assert in_repo(tmp_path, "model.Q4_0.gguf") == tmp_path / "model.Q4_0.gguf"
+
+
+def test_sweep_removes_abandoned_downloads_and_leaves_live_ones(store: ModelStore) -> None:
+    old, live = store.staging_dir(), store.staging_dir()
+    (old / "blob.incomplete").write_bytes(b"x" * 10)
+    (live / "blob.incomplete").write_bytes(b"x" * 10)
+    hour_ago = time.time() - 2 * 3600
+    for p in (old / "blob.incomplete", old):
+        os.utime(p, (hour_ago, hour_ago))
+    assert store.sweep_partial() == [old]
+    assert not old.exists() and (live / "blob.incomplete").exists()
+    assert ModelStore(store.data_dir / "elsewhere").sweep_partial() == []  # no .partial folder at all

@@ -177,6 +177,38 @@ async def test_eviction_waits_for_a_busy_worker_and_takes_the_idle_one(make_pool
     assert pool.metrics.registry.get_sample_value("geniex:worker_evictions_total", {"model": busy_entry.id}) == 1
 
 
+async def test_a_slow_load_or_a_wait_for_room_never_holds_up_another_model(make_pool: MakePool, tmp_path: Path) -> None:
+    """Starting a model takes no lock across its load or its wait for capacity: a model that
+    takes 30 s to load, and another waiting for room, leave a third to start at once."""
+    pool = make_pool(max_loaded=2)
+    slow = asyncio.ensure_future(worker(pool, fake_model(tmp_path, "slow", load_s=30)))
+    await until(lambda: len(pool.workers) == 1)
+    busy = await worker(pool, fake_model(tmp_path, "busy", tokens=1000, delay_ms=5))
+    stream = asyncio.ensure_future(answer(busy, ask()))
+    await until(lambda: busy.inflight == 1)
+    waiting = asyncio.ensure_future(worker(pool, fake_model(tmp_path, "waits", tokens=2)))
+    await asyncio.sleep(0.3)
+    assert not waiting.done(), "two workers are loaded or loading, neither idle: no room yet"
+    stream.cancel()
+    await until(lambda: busy.inflight == 0)
+    third = await asyncio.wait_for(waiting, 10)  # `busy` went idle and was evicted, `slow` still loads
+    assert third.state is State.READY and not slow.done()
+    slow.cancel()
+
+
+async def test_a_worker_runs_isolated_in_the_gateways_private_folder(
+    make_pool: MakePool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Python's isolated mode: no PYTHON* variables (a PYTHONPATH could put code into a worker)
+    and not the working directory on sys.path; the cwd is the gateway's 0700 runtime folder."""
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path / "planted"))
+    pool = make_pool()
+    h = await worker(pool, fake_model(tmp_path, "iso", tokens=1))
+    proc = psutil.Process(h.pid)
+    assert proc.cmdline()[1] == "-I" and proc.cwd() == str(pool.runtime_dir)
+    assert pool.runtime_dir.stat().st_mode & 0o777 == 0o700
+
+
 async def test_keepalive_zero_stops_a_worker_once_idle(make_pool: MakePool, tmp_path: Path) -> None:
     pool = make_pool(keepalive=0.0)
     h = await worker(pool, fake_model(tmp_path, "k", tokens=2))

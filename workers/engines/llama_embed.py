@@ -107,8 +107,9 @@ class LlamaEmbedEngine(QueuedEngine):
     def _tokenize(self, text: str, add_special: bool, parse_special: bool = False) -> list[int]:
         return tokenize(self.vocab, text, add_special=add_special, parse_special=parse_special)
 
-    def _pair(self, query: str, doc: str) -> list[int]:
-        """A (query, document) input as llama-server builds it for a reranker."""
+    def _pair(self, query: str, query_ids: list[int], doc: str) -> list[int]:
+        """A (query, document) input as llama-server builds it for a reranker (`query_ids`: the
+        query tokenized once for every document)."""
         if self.rerank_template is not None:
             prompt = self.rerank_template.replace("{query}", query).replace("{document}", doc)
             return self._tokenize(prompt, False, True)
@@ -117,7 +118,7 @@ class LlamaEmbedEngine(QueuedEngine):
         if eos == L.LLAMA_TOKEN_NULL:
             eos = L.llama_vocab_sep(v)
         out = [L.llama_vocab_bos(v)] if L.llama_vocab_get_add_bos(v) else []
-        out += self._tokenize(query, False)
+        out += query_ids
         if L.llama_vocab_get_add_eos(v):
             out.append(eos)
         if L.llama_vocab_get_add_sep(v):
@@ -195,7 +196,10 @@ class LlamaEmbedEngine(QueuedEngine):
             self.queue.submit_embed(req, seqs)
             return
         if self.cross_encoder:
-            seqs = [Seq(self._pair(req.query, d)) for d in req.documents]
+            # A query too long for the model is refused once, not found again in every pair.
+            query_ids = self._tokenize(req.query, False)
+            check_lengths([Seq(query_ids)], self.max_len, "query")
+            seqs = [Seq(self._pair(req.query, query_ids, d)) for d in req.documents]
             check_lengths(seqs, self.max_len, "documents")
         else:
             seqs = [Seq(self._tokenize(t, True)) for t in (req.query, *req.documents)]

@@ -352,6 +352,8 @@ class OnnxEngine(QueuedEngine):
             self.queue.submit_embed(req, seqs)
             return
         if self.cross_encoder:
+            # A query too long for the model is refused once, before it is paired with every document.
+            check_lengths([Seq(self.tokenizer.encode(req.query).ids)], self.max_len, "query")
             pairs = self.tokenizer.encode_batch([(req.query, d) for d in req.documents])
             seqs = [Seq(e.ids, e.type_ids) for e in pairs]
             check_lengths(seqs, self.max_len, "documents")

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 import llama_cpp as L
 import numpy as np
 
+from protocol.logits import logit_values
 from protocol.wire import ErrorKind, LogitRows, Logits
 from workers.engines import EngineError
 from workers.engines.llama_runtime import put
@@ -15,8 +16,6 @@ from workers.engines.llama_runtime import put
 # Rows per llama_decode when every row is wanted: llama.cpp keeps an output buffer of
 # rows x vocab floats (49k for SmolLM2), so 512 rows would pin ~100 MB per context.
 ROWS_PER_DECODE = 128
-# The most floats one answer may carry (64 MiB raw, several times that as JSON).
-MAX_FLOATS = 16 * 1024 * 1024
 
 
 @dataclass
@@ -38,9 +37,8 @@ class LogitsJob:
             raise EngineError("`top_n`: must be 0 (the whole vocabulary) or more")
         rows = 1 if req.last_only else len(ids)
         width = min(req.top_n, n_vocab) or n_vocab
-        if rows * width > MAX_FLOATS:
-            raise EngineError(f"the answer would hold {rows} x {width} logits (over {MAX_FLOATS}); "
-                              "use `last_only`, a smaller `top_n`, or fewer tokens")  # fmt: skip
+        if (too_many := logit_values(rows, width)) is not None:
+            raise EngineError(too_many)
         return cls(req)
 
     def run(self, ctx: ctypes.c_void_p, batch: L.llama_batch, n_batch: int, seq: int) -> LogitRows:

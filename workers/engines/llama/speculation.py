@@ -28,6 +28,7 @@ from workers.engines.llama.slots import Slot
 
 log = structlog.get_logger("worker.llama")
 
+MAX_DRAFT_MODELS = 2  # per worker; they are unloaded with it
 Take = Callable[[Slot, int, int], bool]  # (slot, token, row) -> still generating
 
 
@@ -72,6 +73,11 @@ class Speculator:
     def _model(self, path: str, threads: int) -> DraftModel:
         draft = self.models.get(path)
         if draft is None:
+            if len(self.models) >= MAX_DRAFT_MODELS:
+                # Each stays loaded for the worker's life: without a bound, requests naming one
+                # model after another would load the whole store into this process.
+                raise EngineError(f"`spec_draft_model`: this worker already holds {len(self.models)} draft models "
+                                  f"(at most {MAX_DRAFT_MODELS}); use one of those or none")  # fmt: skip
             if not path or not os.path.isfile(path):
                 raise EngineError(f"`spec_draft_model`: no model file at {path!r}")
             t0 = time.perf_counter()
