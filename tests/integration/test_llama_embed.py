@@ -101,7 +101,7 @@ def test_rank_pooling_scores_query_document_pairs(engines: dict[str, LlamaEmbedE
     tok = Tokenizer.from_file(str(st_dir() / "tokenizer.json"))
     tok.no_truncation()
     tok.no_padding()
-    pairs = [engine._pair(QUERY, d) for d in DOCS]
+    pairs = [engine._pair(QUERY, engine._tokenize(QUERY, False), d) for d in DOCS]
     assert pairs == [tok.encode(QUERY, d).ids for d in DOCS]
     # The head reads [CLS][0]; the int8 ONNX MiniLM gives the same up to quantisation
     # (llama.cpp feeds BERT segment ids of 0, so the reference does too).

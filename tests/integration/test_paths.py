@@ -67,6 +67,7 @@ def site(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ServerProce
     (allowed / "escape.gbnf").symlink_to(canary / "canary.gbnf")
     (allowed / "link-out").symlink_to(canary, target_is_directory=True)
     (allowed / "ok.gbnf").write_text('root ::= "ok"\n')
+    (allowed / "bad.gbnf").write_text('root ::= "a" | undefined-rule\n' + 'secret ::= "TOPSECRET"\n' * 50)
     for f in canary.iterdir():
         _stale_atime(f)
     srv = ServerProcess(base / "data", "--nctx", "512", "--grammar-dir", str(allowed))
@@ -158,3 +159,16 @@ def test_rm_never_deletes_what_a_manifest_names_outside_its_folder(tmp_path: Pat
         if not (repo / "link.gguf").is_symlink():
             (repo / "link.gguf").symlink_to(victims["passwd"])
     shutil.rmtree(data)
+
+
+def test_a_parser_error_quotes_its_first_line_not_the_file(site: tuple[ServerProcess, Path, Path]) -> None:
+    srv, _allowed, _canary = site
+    body = {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": "hi"}],
+        "max_tokens": 2,
+        "grammar_path": "bad.gbnf",
+    }
+    r = httpx.post(f"{srv.base_url}/v1/chat/completions", json=body, timeout=60)
+    assert r.status_code == 400 and r.json()["error"].startswith("`grammar_path`: invalid grammar"), r.text
+    assert "TOPSECRET" not in r.text and len(r.json()["error"]) < 400, r.text

@@ -16,6 +16,7 @@ from protocol.wire import Constraint
 from workers.engines import EngineError
 
 MAX_MESSAGE = 2000
+MAX_DETAIL = 300  # of the parser's first line
 
 
 def grammar_sampler(vocab: ctypes.c_void_p, constraint: Constraint) -> ctypes.c_void_p:
@@ -31,9 +32,11 @@ def grammar_sampler(vocab: ctypes.c_void_p, constraint: Constraint) -> ctypes.c_
     with _stderr_captured() as captured:
         sampler = L.llama_sampler_init_grammar(vocab, text.encode(), b"root")
     if not sampler:
-        # llama.cpp's parser explains itself on stderr only; its log just says "failed".
-        detail = " ".join(line.strip() for line in captured() if line.strip()) or "llama.cpp refused the grammar"
-        raise EngineError(f"`{field}`: invalid grammar: {detail[:MAX_MESSAGE]}")
+        # llama.cpp's parser explains itself on stderr only; its log just says "failed". Its first
+        # line names the error and quotes the grammar from there to the end of that line; the
+        # rest would echo the grammar (a `grammar_path` file's contents), so it is left out.
+        detail = next((line.strip() for line in captured() if line.strip()), "llama.cpp refused the grammar")
+        raise EngineError(f"`{field}`: invalid grammar: {detail[:MAX_DETAIL]}")
     return sampler
 
 
