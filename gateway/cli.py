@@ -38,7 +38,8 @@ def _add_serve(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> argp
     a("--host", default=DEFAULT_HOST, help="HOST:PORT to bind (default 127.0.0.1:18181)")
     a("--nctx", type=int, default=4096, help="default context size per request")
     a("--ngl", type=int, default=-1, help="default GPU layers (-1: all)")
-    a("--compute", choices=["cpu", "gpu", "npu", "hybrid"], default=None)
+    a("--compute", type=str.lower, choices=["cpu", "gpu", "npu", "hybrid"], default=None,
+      help="default compute unit (any case)")  # fmt: skip
     a(
         "--keepalive",
         type=float,

@@ -33,6 +33,15 @@ class ModelNotFound(GenieXError):
     status = 404
 
 
+class Conflict(GenieXError):
+    """The request contradicts what is running now (unloading a model that is serving)."""
+
+    status = 409
+
+    def __init__(self, message: str, *, retry_after: int = 1) -> None:
+        super().__init__(message, headers={"Retry-After": str(retry_after)})
+
+
 class Overloaded(GenieXError):
     """The bounded queue is full, or a crash-looping worker is backing off."""
 

@@ -23,20 +23,26 @@ from protocol.limits import (
 )
 
 Role = Literal["system", "developer", "user", "assistant", "tool", "function"]
-Compute = Literal["cpu", "gpu", "npu", "hybrid"]
+# Any case (the spec's clients send "GPU" too); resolve_compute reads it in lower case.
+Compute = Annotated[str, Meta(pattern="^(?i:cpu|gpu|npu|hybrid)$")]
 ReasoningFormat = Literal["none", "deepseek", "deepseek-legacy", "auto"]
 
 
 class ImageURL(msgspec.Struct):
     url: str
-    detail: str | None = None
+    detail: Literal["low", "high", "auto"] | None = None
+
+
+class InputAudio(msgspec.Struct, omit_defaults=True):
+    data: str | None = None  # base64 or a URL, as the spec says
+    format: str | None = None  # OpenAI's: wav, mp3
 
 
 class ContentPart(msgspec.Struct, omit_defaults=True):
-    type: str
+    type: Literal["text", "image_url", "input_audio"]
     text: str | None = None
     image_url: ImageURL | None = None
-    input_audio: dict[str, Any] | None = None
+    input_audio: InputAudio | None = None
 
 
 class FunctionCall(msgspec.Struct):
@@ -98,8 +104,8 @@ class GenerationRequest(msgspec.Struct, kw_only=True):
     n: Annotated[int, Meta(ge=1, le=16)] = 1
     user: str | None = None
     # GenieX extensions
-    nctx: PositiveInt | None = None
-    ngl: Int32 | None = None
+    nctx: Count | None = None  # 0 or absent: the server's --nctx (the spec's own example sends 0)
+    ngl: Int32 | None = None  # -1 or 999 (the spec's "all"): every layer
     compute: Compute | None = None
     keep_alive: KeepAlive | None = None
     # Prompt caching: a cached prefix is reused only by requests with the same `cache_salt`
@@ -129,6 +135,7 @@ class ChatRequest(GenerationRequest, kw_only=True):
     spec_n_max: PositiveInt | None = None  # None: 3
     spec_n_min: Count | None = None  # 0/None: no minimum draft length
     spec_p_min: Unit | None = None  # 0/None: no draft-probability cut-off
+    image_max_length: PositiveInt | None = None  # the spec's, for vision models; checked, unused until they exist
 
 
 class TopLogprob(msgspec.Struct):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import msgspec
 
 from protocol.chat import Compute
-from protocol.limits import Count, Int32, PositiveInt, TokenId
+from protocol.limits import Count, Int32, TokenId
 
 # The most values (rows x width) one answer may carry: 8 MiB as float32 on the wire, and at most
 # about 48 MiB of JSON (24 bytes a value at worst, `-1.2345678901234567e-05,`). Past it, a client
@@ -26,7 +26,7 @@ class LogitsRequest(msgspec.Struct, kw_only=True):
     input_ids: list[TokenId]
     last_only: bool = False
     top_n: Count = 20
-    nctx: PositiveInt | None = None
+    nctx: Count | None = None  # 0 or absent: the server's --nctx
     ngl: Int32 | None = None
     compute: Compute | None = None
 

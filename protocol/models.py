@@ -1,22 +1,61 @@
-"""`/v1/models` and `/v1/models/{model}`."""
+"""`/v1/models`, `/v1/models/{model}`, and the explicit lifecycle: `/v1/models/load` and `/unload`."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
 import msgspec
+from msgspec import Meta
+
+from protocol.chat import Compute
+from protocol.limits import Count, KeepAlive
+
+
+class Resident(msgspec.Struct):
+    """One worker serving the model now (a model may have several: per compute unit and nctx)."""
+
+    compute: str
+    nctx: int
+    state: str  # starting, ready (idle or busy), stopping
+    pid: int | None
+    keep_alive: float  # seconds it stays after its last request; negative: until evicted or unloaded
 
 
 class Model(msgspec.Struct, omit_defaults=True):
     id: str
     created: int
     owned_by: str
-    object: str = "model"
-    permission: list[dict[str, Any]] = []
+    object: str  # always "model": no default, so that it is never omitted
+    # What a client needs to choose a model (None where the file does not say). No defaults
+    # either: an empty `loaded` is news ("not loaded"), not noise to omit.
+    capabilities: list[str]  # chat, completion, tools, logits, embeddings, rerank
+    loaded: list[Resident]
+    context_length: int | None = None  # the context the model was trained for
+    quantization: str | None = None
     engine: str | None = None
-    size: int | None = None
+    size: int | None = None  # bytes on disk
+    permission: list[dict[str, Any]] = []
 
 
 class ModelList(msgspec.Struct):
     data: list[Model]
     object: str = "list"
+
+
+class LoadRequest(msgspec.Struct, kw_only=True):
+    model: Annotated[str, Meta(max_length=512)]
+    nctx: Count | None = None  # 0 or absent: the server's --nctx
+    compute: Compute | None = None
+    keep_alive: KeepAlive | None = None  # -1: never stopped for idleness (eviction may still make room)
+
+
+class UnloadRequest(msgspec.Struct, kw_only=True):
+    model: Annotated[str, Meta(max_length=512)]
+    nctx: Count | None = None  # with compute: only that worker; absent: every worker of the model
+    compute: Compute | None = None
+
+
+class Unloaded(msgspec.Struct):
+    model: str
+    unloaded: list[Resident]  # what was stopped by this call (empty: nothing was loaded)
+    object: str = "model.unload"

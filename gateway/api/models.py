@@ -1,27 +1,66 @@
-"""GET /v1/models and /v1/models/{id}."""
+"""GET /v1/models and /v1/models/{id}; POST /v1/models/load and /v1/models/unload."""
 
 from __future__ import annotations
 
-from litestar import get
+from litestar import get, post
 from litestar.di import NamedDependency
 
+from gateway.api.body import read_json
 from gateway.api.services import Services
 from gateway.models.store import ModelEntry
-from protocol.models import Model, ModelList
+from gateway.supervisor.compute import resolve_compute
+from gateway.supervisor.handle import WorkerHandle
+from gateway.supervisor.memory import trained_context
+from gateway.supervisor.pool import WorkerPool
+from protocol.models import LoadRequest, Model, ModelList, Resident, Unloaded, UnloadRequest
+
+# What each engine's models can be asked for (the routes that serve them).
+CAPABILITIES = {
+    "llama_cpp": ["chat", "completion", "tools", "logits"],
+    "llama_embed": ["embeddings", "rerank"],
+    "onnx": ["embeddings", "rerank"],
+}
 
 
-def _model(e: ModelEntry) -> Model:
-    return Model(id=e.id, created=e.created, owned_by=e.org, engine=e.engine, size=e.size)
+def _resident(pool: WorkerPool, h: WorkerHandle) -> Resident:
+    state = h.state.value if h.state.value != "ready" else ("busy" if h.inflight else "idle")
+    return Resident(compute=h.key.compute, nctx=h.key.nctx, state=state, pid=h.pid, keep_alive=pool.keepalive_of(h))
+
+
+def _model(e: ModelEntry, pool: WorkerPool) -> Model:
+    return Model(id=e.id, created=e.created, owned_by=e.org, object="model",
+                 capabilities=CAPABILITIES.get(e.engine, []), context_length=trained_context(e.path),
+                 quantization=e.precision, engine=e.engine, size=e.size,
+                 loaded=[_resident(pool, h) for h in pool.residents_of(e.id)])  # fmt: skip
 
 
 @get("/v1/models")
 async def list_models(services: NamedDependency[Services]) -> ModelList:
-    return ModelList(data=[_model(e) for e in services.store.entries()])
+    return ModelList(data=[_model(e, services.pool) for e in services.store.entries()])
 
 
 @get("/v1/models/{model_id:path}")
 async def get_model(services: NamedDependency[Services], model_id: str) -> Model:
-    return _model(services.store.resolve(model_id.lstrip("/")))
+    return _model(services.store.resolve(model_id.lstrip("/")), services.pool)
 
 
-handlers = [list_models, get_model]
+@post("/v1/models/load", status_code=200)
+async def load_model(body: bytes, services: NamedDependency[Services]) -> Model:
+    """Load now (idempotent: an already loaded worker is only given the new keep_alive)."""
+    data = read_json(body, LoadRequest)
+    entry = services.store.resolve(data.model)
+    await services.worker(entry, nctx=data.nctx, compute=data.compute, keep_alive=data.keep_alive)
+    return _model(entry, services.pool)
+
+
+@post("/v1/models/unload", status_code=200)
+async def unload_model(body: bytes, services: NamedDependency[Services]) -> Unloaded:
+    """Stop the model's workers; 409 while any is serving (idempotent: nothing loaded, nothing done)."""
+    data = read_json(body, UnloadRequest)
+    entry = services.store.resolve(data.model)
+    compute = resolve_compute(data.compute, entry.engine) if data.compute else None
+    stopped = await services.pool.unload(entry.id, compute, data.nctx or None)
+    return Unloaded(model=entry.id, unloaded=[_resident(services.pool, h) for h in stopped])
+
+
+handlers = [list_models, get_model, load_model, unload_model]

@@ -56,6 +56,7 @@ class Services:
         """The worker for this model and these per-request settings, started if need be; the
         request's log lines name it from here on. A request that asks for more context than it
         may, or whose prompt (`prompt_chars` of text) cannot fit, is refused before any load."""
+        nctx = nctx or None  # 0: the server's default, as absent
         key = self.pool.key_for(entry, nctx, compute, ngl)
         if nctx is not None:
             check_nctx(nctx, entry, self.settings.max_nctx)

@@ -199,10 +199,10 @@ def plan_chat(req: ChatRequest, log_id: str, store: ModelStore, grammar_dirs: li
     if req.top_logprobs is not None and not req.logprobs:
         raise BadRequest("`top_logprobs`: requires `logprobs: true`")
     shape = shape_of(req)
-    template_vars: dict[str, Any] = {}
-    if req.enable_think is not None:
-        # Qwen3-style templates read `enable_thinking`; GenieX clients send `enable_think`.
-        template_vars = {"enable_think": req.enable_think, "enable_thinking": req.enable_think}
+    # The spec's default is true. Qwen3-style templates read `enable_thinking`; GenieX clients
+    # send `enable_think`; a template that reads neither is unaffected.
+    think = True if req.enable_think is None else req.enable_think
+    template_vars: dict[str, Any] = {"enable_think": think, "enable_thinking": think}
     generate = Generate(
         req_id=0,
         log_id=log_id,

@@ -79,7 +79,7 @@ class _ModelSeries:
         self.cached = m.cache_reused_tokens.labels(model)
         # Zero-valued series from the first request on, so `rate()` and alerts see a model's
         # lifecycle counters before the first crash rather than a missing series.
-        for c in (m.worker_starts, m.worker_crashes, m.worker_evictions):
+        for c in (m.worker_starts, m.worker_crashes, m.worker_evictions, m.worker_unloads):
             c.labels(model)
 
 
@@ -109,6 +109,8 @@ class Metrics:
         )
         self.worker_evictions = Counter("geniex:worker_evictions", "Workers stopped to free memory or slots.",
                                         ["model"], registry=r)  # fmt: skip
+        self.worker_unloads = Counter("geniex:worker_unloads", "Workers stopped by POST /v1/models/unload.",
+                                      ["model"], registry=r)  # fmt: skip
         self.cache_hits = Counter("geniex:prompt_cache_hits", "Requests that reused a cached prompt prefix.",
                                   ["model"], registry=r)  # fmt: skip
         self.cache_reused_tokens = Counter("geniex:prompt_cache_reused_tokens",
@@ -144,6 +146,9 @@ class Metrics:
 
     def worker_evicted(self, model: str) -> None:
         self.worker_evictions.labels(model).inc()
+
+    def worker_unloaded(self, model: str) -> None:
+        self.worker_unloads.labels(model).inc()
 
 
 class RequestTimer:

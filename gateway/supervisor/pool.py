@@ -20,7 +20,7 @@ import psutil
 import structlog
 import zmq.asyncio
 
-from gateway.errors import Overloaded
+from gateway.errors import Conflict, Overloaded
 from gateway.models.store import ModelEntry
 from gateway.ops.metrics import Metrics
 from gateway.ops.settings import Settings
@@ -295,6 +295,26 @@ class WorkerPool:
         """The pool's own tasks: applying worker events, and stopping idle workers."""
         self._tasks = [asyncio.create_task(self._apply_events(), name="pool-events"),
                        asyncio.create_task(self._reap_idle(), name="reaper")]  # fmt: skip
+
+    def residents_of(self, model: str) -> list[WorkerHandle]:
+        return [h for k, h in self.workers.items() if k.model == model and h.alive]
+
+    async def unload(self, model: str, compute: str | None = None, nctx: int | None = None) -> list[WorkerHandle]:
+        """Stop the model's workers (those on `compute`/`nctx` when given). Refused, stopping none,
+        while any of them has requests running or queued: an unload never cuts an answer short."""
+        chosen = [h for h in self.residents_of(model)
+                  if (compute is None or h.key.compute == compute) and (nctx is None or h.key.nctx == nctx)]  # fmt: skip
+        busy = [h for h in chosen if h.inflight or h.state is State.STARTING]
+        if busy:
+            raise Conflict(f"{model} is serving {sum(h.inflight for h in busy)} request(s) or still loading; "
+                           "unload it once they finish", retry_after=5)  # fmt: skip
+        for h in chosen:
+            log.info("unloading worker", worker=h.key.slug)
+            self.metrics.worker_unloaded(model)
+            if self.workers.get(h.key) is h:
+                self.workers.pop(h.key)
+            await h.stop()
+        return chosen
 
     def keepalive_of(self, h: WorkerHandle) -> float:
         return self.settings.keepalive if h.keepalive is None else h.keepalive

@@ -68,6 +68,8 @@ def apply_deviations(schemas: dict[str, Schema]) -> None:
         for prop, sub in schema.get("properties", {}).items():
             if prop not in required:
                 sub["nullable"] = True
+                if "enum" in sub and None not in sub["enum"]:
+                    sub["enum"].append(None)  # OpenAPI 3.0: an enum must list null for nullable to admit it
 
     # 2. A message may carry no content: an assistant turn that only calls tools has none (OpenAI's
     #    shape), and an answer that calls tools says `content: null`. The spec requires content.
@@ -95,7 +97,16 @@ def apply_deviations(schemas: dict[str, Schema]) -> None:
     # 5. `spec_type: ""` disables speculation, as the field's description says; its enum lacks "".
     schemas["ChatCompletionRequest"]["properties"]["spec_type"]["enum"].append("")
 
-    # 6. Answers carry `logprobs: null` when none were asked for, as OpenAI's do.
+    # 6. `nctx: 0` means the server's default, as the spec's own example sends it (its schema says
+    #    minimum 1); `compute` is read in any case.
+    schemas["ChatCompletionRequest"]["properties"]["nctx"]["minimum"] = 0
+    for name in ("ChatCompletionRequest", "ForwardLogitsRequest", "EmbeddingRequest", "RerankingRequest"):
+        compute = schemas[name]["properties"].get("compute")
+        if compute is not None:
+            compute.pop("enum", None)
+            compute["pattern"] = "^([cC][pP][uU]|[gG][pP][uU]|[nN][pP][uU]|[hH][yY][bB][rR][iI][dD])$"
+
+    # 7. Answers carry `logprobs: null` when none were asked for, as OpenAI's do.
     schemas["ChatChoice"]["properties"]["logprobs"]["nullable"] = True
 
 

@@ -56,3 +56,14 @@ def test_unread_geniex_variables_are_named_with_a_suggestion() -> None:
         "GENIEX_NTCX is set, but no setting reads it (did you mean GENIEX_NCTX?)",
         "GENIEX_WHATEVER is set, but no setting reads it",
     ]
+
+
+def test_compute_is_read_in_any_case_and_anything_else_stops_the_start(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert cli.serve_parser().parse_args(["--compute", "GPU"]).compute == "gpu"
+    monkeypatch.setenv("GENIEX_COMPUTE", "Npu")
+    p = cli.serve_parser()
+    cli._env_defaults(p)
+    assert p.parse_args([]).compute == "npu"
+    monkeypatch.setenv("GENIEX_COMPUTE", "qairt")
+    with pytest.raises(SystemExit, match="GENIEX_COMPUTE='qairt': choose from cpu, gpu, npu, hybrid"):
+        cli._env_defaults(cli.serve_parser())

@@ -1,0 +1,88 @@
+"""/v1/models as clients choose from it, and the explicit lifecycle: POST /v1/models/load and /unload."""
+
+from __future__ import annotations
+
+import httpx
+import openai
+
+from tests.conftest import MODEL
+from tests.server_proc import ServerProcess
+
+
+def post(srv: ServerProcess, path: str, body: dict) -> httpx.Response:  # type: ignore[type-arg]
+    return httpx.post(f"{srv.base_url}{path}", json=body, timeout=120)
+
+
+def models(srv: ServerProcess) -> dict[str, dict]:  # type: ignore[type-arg]
+    return {m["id"]: m for m in httpx.get(f"{srv.base_url}/v1/models", timeout=10).json()["data"]}
+
+
+def test_every_model_says_what_it_is_and_whether_it_is_loaded(server: ServerProcess) -> None:
+    client = openai.OpenAI(base_url=f"{server.base_url}/v1", api_key="unused", max_retries=0)
+    listed = {m.id: m for m in client.models.list().data}
+    m = listed[MODEL]
+    assert m.object == "model" and m.owned_by == "HuggingFaceTB"
+    one = httpx.get(f"{server.base_url}/v1/models/{MODEL}", timeout=10).json()
+    assert one["object"] == "model" and one["capabilities"] == ["chat", "completion", "tools", "logits"]
+    assert one["context_length"] == 8192 and one["quantization"] == "Q4_1" and one["engine"] == "llama_cpp"
+    assert one["size"] > 50_000_000
+    post(server, "/v1/chat/completions", {"model": MODEL, "messages": [{"role": "user", "content": "hi"}],
+                                          "max_tokens": 1})  # fmt: skip
+    loaded = models(server)[MODEL]["loaded"]
+    assert [(r["compute"], r["nctx"]) for r in loaded] == [("cpu", 2048)] and loaded[0]["pid"] > 0
+
+
+def test_load_and_unload_are_explicit_idempotent_and_never_cut_an_answer(start) -> None:  # type: ignore[no-untyped-def]
+    srv = start("--nctx", "512", "--keepalive", "300")
+    assert models(srv)[MODEL]["loaded"] == []
+    r = post(srv, "/v1/models/load", {"model": MODEL, "nctx": 1024, "compute": "CPU", "keep_alive": -1})
+    assert r.status_code == 200, r.text
+    assert [(x["nctx"], x["state"], x["keep_alive"]) for x in r.json()["loaded"]] == [(1024, "idle", -1.0)]
+    pid = r.json()["loaded"][0]["pid"]
+    again = post(srv, "/v1/models/load", {"model": MODEL, "nctx": 1024})
+    assert [x["pid"] for x in again.json()["loaded"]] == [pid], "loading a loaded model starts nothing"
+    workers = httpx.get(f"{srv.base_url}/v1/workers", timeout=10).json()["data"]
+    assert [(w["pid"], w["keepalive_s"]) for w in workers] == [(pid, -1.0)]
+
+    # Busy: refused with 409 and Retry-After, and the answer in flight completes.
+    client = openai.OpenAI(base_url=f"{srv.base_url}/v1", api_key="unused", max_retries=0, timeout=120)
+    stream = client.chat.completions.create(
+        model=MODEL,
+        messages=[{"role": "user", "content": "Tell a long story."}],
+        max_tokens=64,
+        stream=True,
+        extra_body={"nctx": 1024},
+    )
+    it = iter(stream)
+    next(it)
+    busy = post(srv, "/v1/models/unload", {"model": MODEL})
+    assert busy.status_code == 409 and "Retry-After" in busy.headers and "serving" in busy.json()["error"]
+    rest = list(it)
+    assert rest[-1].choices[0].finish_reason in ("length", "stop")
+
+    done = post(srv, "/v1/models/unload", {"model": MODEL, "nctx": 1024, "compute": "cpu"})
+    assert done.status_code == 200 and [x["pid"] for x in done.json()["unloaded"]] == [pid], done.text
+    assert (
+        models(srv)[MODEL]["loaded"] == [] and httpx.get(f"{srv.base_url}/v1/workers", timeout=10).json()["data"] == []
+    )
+    assert post(srv, "/v1/models/unload", {"model": MODEL}).json()["unloaded"] == []
+    metrics = httpx.get(f"{srv.base_url}/metrics", timeout=10).text
+    assert f'geniex:worker_unloads_total{{model="{MODEL}"}} 1.0' in metrics
+
+    assert post(srv, "/v1/models/load", {"model": "nobody/nothing"}).status_code == 404
+    assert post(srv, "/v1/models/load", {"model": MODEL, "nctx": 100_000}).status_code == 400
+    assert post(srv, "/v1/models/unload", {}).status_code == 400
+
+
+def test_nctx_zero_is_the_server_default_and_compute_is_any_case(server: ServerProcess) -> None:
+    """The spec's own example sends `nctx: 0`."""
+    hi = [{"role": "user", "content": "hi"}]
+    r = post(server, "/v1/chat/completions", {"model": MODEL, "messages": hi, "max_tokens": 1, "nctx": 0,
+                                              "compute": "CPU"})  # fmt: skip
+    assert r.status_code == 200, r.text
+    r = post(server, "/v1/logits", {"model": MODEL, "input_ids": [1, 2], "nctx": 0, "compute": "Cpu"})
+    assert r.status_code == 200, r.text
+    nctxs = {w["nctx"] for w in httpx.get(f"{server.base_url}/v1/workers", timeout=10).json()["data"]}
+    assert nctxs == {2048}, "no worker was started for nctx 0"
+    bad = post(server, "/v1/chat/completions", {"model": MODEL, "messages": hi, "compute": "tpu"})
+    assert bad.status_code == 400 and "`compute`" in bad.json()["error"]
