@@ -1,7 +1,7 @@
 """Messages between the gateway and a worker: two tagged unions, msgpack-encoded.
 
-Gateway -> worker: Generate, Logits, Embed, Rerank, Warmup, Cancel, Shutdown, SetThreads.
-Worker -> gateway: Ready, Started, Delta, Done, Failed, LogitRows, Embeddings, Scores, Dying.
+Gateway -> worker: Generate, CountTokens, Logits, Embed, Rerank, Warmup, Cancel, Shutdown, SetThreads.
+Worker -> gateway: Ready, Started, Delta, Done, Failed, TokenCount, LogitRows, Embeddings, Scores, Dying.
 
 Hot-path structs are `array_like` (no field names on the wire) and `gc=False`.
 No pickle crosses the boundary: decoders are typed, so anything else is refused.
@@ -14,7 +14,7 @@ from typing import Any, Literal
 
 import msgspec
 
-PROTOCOL_VERSION = 3
+PROTOCOL_VERSION = 4
 
 # The speculation types a worker implements; the gateway refuses every other before sending.
 SpecType = Literal["ngram-simple", "ngram-map-k", "draft-simple"]
@@ -96,6 +96,17 @@ class Generate(msgspec.Struct, tag="generate", array_like=True, omit_defaults=Tr
     cache_key: str = ""
 
 
+class CountTokens(msgspec.Struct, tag="count_tokens", array_like=True, omit_defaults=True):
+    """How many tokens a chat prompt is, rendered by the model's own template and tokenized as a
+    Generate of the same messages would be; nothing is decoded. Answered with TokenCount."""
+
+    req_id: int
+    log_id: str
+    messages: list[dict[str, Any]]
+    template_vars: dict[str, Any] = {}
+    tools: list[dict[str, Any]] | None = None
+
+
 class Logits(msgspec.Struct, tag="logits", array_like=True):
     """One prefill-only forward pass over `input_ids`; answered with LogitRows."""
 
@@ -153,7 +164,7 @@ class Rerank(msgspec.Struct, tag="rerank", array_like=True, omit_defaults=True):
     batch_size: int = 4
 
 
-ToWorker = Generate | Logits | Embed | Rerank | Warmup | Cancel | Shutdown | SetThreads
+ToWorker = Generate | CountTokens | Logits | Embed | Rerank | Warmup | Cancel | Shutdown | SetThreads
 
 
 class Ready(msgspec.Struct, tag="ready", array_like=True, omit_defaults=True):
@@ -230,6 +241,9 @@ class Done(msgspec.Struct, tag="done", array_like=True, gc=False, omit_defaults=
     # Draft tokens the target model confirmed / refused (speculative requests only).
     accepted_tokens: int = 0
     rejected_tokens: int = 0
+    # The stop string that ended the generation ("" for any other end), for clients that report it
+    # (Anthropic's `stop_sequence`).
+    stop_sequence: str = ""
 
 
 class Failed(msgspec.Struct, tag="failed", array_like=True, omit_defaults=True):
@@ -240,6 +254,13 @@ class Failed(msgspec.Struct, tag="failed", array_like=True, omit_defaults=True):
     kind: ErrorKind
     message: str
     code: str | None = None
+
+
+class TokenCount(msgspec.Struct, tag="token_count", array_like=True):
+    """The answer to CountTokens."""
+
+    req_id: int
+    n_tokens: int
 
 
 class LogitRows(msgspec.Struct, tag="logit_rows", array_like=True):
@@ -281,7 +302,9 @@ class Scores(msgspec.Struct, tag="scores", array_like=True):
     mode: str
 
 
-FromWorker = Ready | Started | Delta | LogprobDelta | Done | Failed | LogitRows | Embeddings | Scores | Dying
+FromWorker = (
+    Ready | Started | Delta | LogprobDelta | Done | Failed | TokenCount | LogitRows | Embeddings | Scores | Dying
+)
 
 
 class Codec:

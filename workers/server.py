@@ -19,6 +19,7 @@ import zmq
 
 from protocol.wire import (
     Cancel,
+    CountTokens,
     Done,
     Dying,
     Embed,
@@ -86,7 +87,7 @@ class WorkerServer:
 
     def _handle(self, msg: object) -> None:
         match msg:
-            case Generate() | Logits() | Embed() | Rerank():
+            case Generate() | CountTokens() | Logits() | Embed() | Rerank():
                 if type(msg) not in self.engine.serves:
                     self.send(
                         Failed(msg.req_id, ErrorKind.UNSUPPORTED, f"this model does not support {TASKS[type(msg)]}")

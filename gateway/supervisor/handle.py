@@ -39,6 +39,7 @@ from protocol.keys import WorkerKey
 from protocol.wire import (
     PROTOCOL_VERSION,
     Cancel,
+    CountTokens,
     Delta,
     Done,
     Dying,
@@ -54,6 +55,7 @@ from protocol.wire import (
     SetThreads,
     Shutdown,
     Started,
+    TokenCount,
     ToWorker,
     Warmup,
     gateway_codec,
@@ -62,8 +64,8 @@ from protocol.wire import (
 log = structlog.get_logger("gateway.worker")
 
 Streamed = Started | Delta | Done  # what a generation yields
-OneShot = Logits | Embed | Rerank  # requests answered with one reply
-Answer = LogitRows | Embeddings | Scores
+OneShot = CountTokens | Logits | Embed | Rerank  # requests answered with one reply
+Answer = TokenCount | LogitRows | Embeddings | Scores
 
 
 class WorkerSpec(msgspec.Struct, frozen=True, kw_only=True):

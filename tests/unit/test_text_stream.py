@@ -32,6 +32,11 @@ def test_partial_stop_that_does_not_complete_is_released() -> None:
 
 def test_earliest_of_several_stops_wins() -> None:
     assert run([b"one two three"], ["three", "two"]) == ("one ", True)
+    ts = TextStream(["three", "two"])
+    ts.feed(b"one tw")
+    assert ts.matched == ""
+    ts.feed(b"o three")
+    assert ts.matched == "two"  # the stop string that stopped it, as Anthropic's `stop_sequence` reports
 
 
 def test_utf8_split_across_tokens() -> None:

@@ -10,6 +10,7 @@ from collections.abc import Callable
 from typing import ClassVar, Protocol
 
 from protocol.wire import (
+    CountTokens,
     Embed,
     ErrorKind,
     Failed,
@@ -35,10 +36,11 @@ class EngineError(Exception):
 
 
 Emit = Callable[[FromWorker], None]
-Request = Generate | Logits | Embed | Rerank  # what an engine may be asked to do
+Request = Generate | CountTokens | Logits | Embed | Rerank  # what an engine may be asked to do
 
 # What each request kind asks of an engine, as a refusal names it.
-TASKS: dict[type, str] = {Generate: "text generation", Logits: "logits", Embed: "embeddings", Rerank: "reranking"}
+TASKS: dict[type, str] = {Generate: "text generation", CountTokens: "chat token counts", Logits: "logits",
+                          Embed: "embeddings", Rerank: "reranking"}  # fmt: skip
 
 
 class Engine(Protocol):

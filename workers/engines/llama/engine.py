@@ -22,11 +22,13 @@ from __future__ import annotations
 import ctypes
 import time
 from collections import deque
+from typing import Any
 
 import llama_cpp as L
 import structlog
 
 from protocol.wire import (
+    CountTokens,
     Delta,
     Done,
     ErrorKind,
@@ -35,6 +37,7 @@ from protocol.wire import (
     Logits,
     LogprobDelta,
     Ready,
+    TokenCount,
 )
 from workers.engines import Emit, EngineError, EngineOptions
 from workers.engines.llama.chat_template import (
@@ -71,7 +74,7 @@ TENTATIVE_BATCH = 64
 
 class LlamaEngine:
     name = "llama_cpp"
-    serves = (Generate, Logits)
+    serves = (Generate, CountTokens, Logits)
 
     def __init__(self, opts: EngineOptions) -> None:
         t0 = time.perf_counter()
@@ -99,6 +102,7 @@ class LlamaEngine:
                                      parallel=self.parallel, n_batch=N_BATCH)  # fmt: skip
         self.threads = Threads(threads, lambda: [self.ctx, *self.speculator.contexts()])
         self.logit_jobs: deque[LogitsJob] = deque()
+        self.counts: deque[TokenCount] = deque()  # answered at the next step: nothing to decode
         self.tokens_generated = 0
         # Text that comes sooner than this after the last Delta waits for the next one: at
         # high token rates every Delta costs the gateway and the client a wake-up, a write
@@ -117,7 +121,11 @@ class LlamaEngine:
                      load_seconds=self.load_seconds, chat_template=self.template.is_native,
                      tool_format=self.template.tool_format)  # fmt: skip
 
-    def submit(self, req: Generate | Logits) -> None:
+    def submit(self, req: Generate | CountTokens | Logits) -> None:
+        if isinstance(req, CountTokens):
+            tokens, _ = self._chat_tokens(req.messages, req.template_vars, req.tools)
+            self.counts.append(TokenCount(req.req_id, len(tokens)))
+            return
         if isinstance(req, Logits):
             self.logit_jobs.append(LogitsJob.checked(req, n_vocab=self.n_vocab, nctx=self.nctx))
             return
@@ -151,7 +159,7 @@ class LlamaEngine:
             self._release(slot, completed=False)
 
     def has_work(self) -> bool:
-        return bool(self.slots.waiting or self.logit_jobs) or self.slots.running() > 0
+        return bool(self.slots.waiting or self.logit_jobs or self.counts) or self.slots.running() > 0
 
     def set_threads(self, n: int) -> None:
         """The gateway's share of the cores; the governor uses fewer while others keep them busy."""
@@ -172,6 +180,10 @@ class LlamaEngine:
     # ---- the decode step ---------------------------------------------------
 
     def step(self, emit: Emit) -> None:
+        while self.counts:
+            emit(self.counts.popleft())
+        if not (self.slots.waiting or self.logit_jobs or self.slots.running()):
+            return
         self.threads.before_step()
         if self.logit_jobs:
             self._run_logits(emit)
@@ -285,7 +297,8 @@ class LlamaEngine:
             emit(LogprobDelta(req.req_id, "", slot.n_gen, slot.logprobs))
         acc, rej = (slot.spec.accepted, slot.spec.rejected) if slot.spec else (0, 0)
         emit(Done(req.req_id, reason, prompt_tokens=slot.n_prompt, completion_tokens=slot.n_gen,
-                  cached_tokens=slot.n_cached, accepted_tokens=acc, rejected_tokens=rej))  # fmt: skip
+                  cached_tokens=slot.n_cached, accepted_tokens=acc, rejected_tokens=rej,
+                  stop_sequence=slot.text.matched))  # fmt: skip
         secs = time.perf_counter() - slot.started
         extra = {"spec": slot.spec.cfg.type, "accepted": acc, "rejected": rej} if slot.spec else {}
         log.info("generation done", request_id=req.log_id, finish=reason, prompt_tokens=slot.n_prompt,
@@ -326,20 +339,26 @@ class LlamaEngine:
     def _prompt_tokens(self, req: Generate) -> tuple[list[int], bool]:
         """The prompt's tokens, and whether the rendered chat prompt ends inside a `<think>` block
         it opened (thinking forced on by the template: the output starts as reasoning)."""
-        reasoning_open = False
         if req.messages is not None:
-            try:
-                text = self.template.render(req.messages, req.template_vars, req.tools)
-            except TemplateError as exc:
-                raise EngineError(f"`messages`: {exc}") from exc
-            reasoning_open = opens_reasoning(text)
-        else:
-            text = req.prompt or ""
-            if req.suffix is not None:
-                return self._fim_tokens(text, req.suffix), False
+            return self._chat_tokens(req.messages, req.template_vars, req.tools)
+        text = req.prompt or ""
+        if req.suffix is not None:
+            return self._fim_tokens(text, req.suffix), False
+        return self._tokens(text), False
+
+    def _chat_tokens(self, messages: list[dict[str, Any]], variables: dict[str, Any],
+                     tools: list[dict[str, Any]] | None) -> tuple[list[int], bool]:  # fmt: skip
+        """A chat prompt rendered by the model's template, its tokens, and whether it opened `<think>`."""
+        try:
+            text = self.template.render(messages, variables, tools)
+        except TemplateError as exc:
+            raise EngineError(f"`messages`: {exc}") from exc
+        return self._tokens(text), opens_reasoning(text)
+
+    def _tokens(self, text: str) -> list[int]:
         bos = self.template.bos_token
         add_special = self.add_bos and not (bos and text.startswith(bos))
-        return tokenize(self.vocab, text, add_special=add_special), reasoning_open
+        return tokenize(self.vocab, text, add_special=add_special)
 
     def _fim_tokens(self, prefix: str, suffix: str) -> list[int]:
         """<fim_pre>prefix<fim_suf>suffix<fim_mid>: the model writes what goes between."""

@@ -15,6 +15,7 @@ class TextStream:
         self._stop = [s for s in stop if s]
         self._held = ""
         self.stopped = False
+        self.matched = ""  # the stop string that stopped the text (the earliest, when several appear)
 
     def feed(self, piece: bytes) -> str:
         """Text that is safe to send now. Sets `stopped` when a stop string appeared."""
@@ -22,8 +23,9 @@ class TextStream:
         if not self._stop:
             self._held = ""
             return text
-        cut = min((i for i in (text.find(s) for s in self._stop) if i >= 0), default=-1)
-        if cut >= 0:
+        found = [(i, s) for s in self._stop if (i := text.find(s)) >= 0]
+        if found:
+            cut, self.matched = min(found, key=lambda f: f[0])
             self._held = ""
             self.stopped = True
             return text[:cut]
