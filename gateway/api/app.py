@@ -12,7 +12,7 @@ from contextlib import asynccontextmanager
 
 import structlog
 import zmq.asyncio
-from litestar import Litestar, Request, Response
+from litestar import Litestar, MediaType, Request, Response
 from litestar.config.cors import CORSConfig
 from litestar.di import Provide
 from litestar.exceptions import HTTPException, ValidationException
@@ -22,9 +22,10 @@ from litestar.plugins.core import MsgspecDIPlugin
 
 from gateway.api import chat, completions, embeddings, health, logits, models, ops
 from gateway.api.auth import ApiKeyAuth
+from gateway.api.error_body import error_body
 from gateway.api.guards import LOOPBACK_NAMES, BrowserGuard
 from gateway.api.lifecycle import DrainMiddleware, Lifecycle
-from gateway.api.request_id import RequestIdMiddleware, current_request_id
+from gateway.api.request_id import RequestIdMiddleware
 from gateway.api.services import Services, provide_services
 from gateway.errors import GenieXError
 from gateway.models.store import ModelStore
@@ -35,22 +36,20 @@ from gateway.ops.metrics import Metrics
 from gateway.ops.settings import Settings
 from gateway.ops.systemd import Systemd
 from gateway.supervisor.pool import WorkerPool
-from protocol.errors import ErrorResponse
 
 log = structlog.get_logger("gateway")
 
 
-def _error(
-    status: int, message: str, code: str | None = None, headers: dict[str, str] | None = None
-) -> Response[ErrorResponse]:
-    return Response(
-        ErrorResponse(error=message, code=code, request_id=current_request_id()), status_code=status, headers=headers
-    )
+def _error(req: Request, status: int, message: str, code: str | None = None,
+           headers: dict[str, str] | None = None) -> Response[bytes]:  # fmt: skip
+    """The error body in the dialect of the route (Anthropic's on /v1/messages, else ours)."""
+    status, body = error_body(req.scope["path"], status, message, code)
+    return Response(body, status_code=status, headers=headers, media_type=MediaType.JSON)
 
 
-def _on_genie_error(_req: Request, exc: GenieXError) -> Response[ErrorResponse]:
+def _on_genie_error(req: Request, exc: GenieXError) -> Response[bytes]:
     log.warning("request failed", status=exc.status, error=exc.message, code=exc.code)
-    return _error(exc.status, exc.message, exc.code, exc.headers)
+    return _error(req, exc.status, exc.message, exc.code, exc.headers)
 
 
 _MISSING = re.compile(r"^Object missing required field `([^`]+)`")
@@ -65,30 +64,30 @@ def validation_detail(key: str | None, message: str) -> str:
     return f"`{key}`: {message}" if key else message
 
 
-def _on_validation(_req: Request, exc: ValidationException) -> Response[ErrorResponse]:
+def _on_validation(req: Request, exc: ValidationException) -> Response[bytes]:
     details = [
         validation_detail(e.get("key"), str(e.get("message", ""))) if isinstance(e, dict) else str(e)
         for e in (exc.extra or [])
     ]
     message = "; ".join(details) or exc.detail
     log.info("invalid request", error=message)
-    return _error(400, f"invalid request: {message}")
+    return _error(req, 400, f"invalid request: {message}")
 
 
-def _on_http(_req: Request, exc: HTTPException) -> Response[ErrorResponse]:
-    return _error(exc.status_code, exc.detail, headers=exc.headers)
+def _on_http(req: Request, exc: HTTPException) -> Response[bytes]:
+    return _error(req, exc.status_code, exc.detail, headers=exc.headers)
 
 
-def _on_too_deep(_req: Request, exc: RecursionError) -> Response[ErrorResponse]:
+def _on_too_deep(req: Request, exc: RecursionError) -> Response[bytes]:
     # msgspec refuses a body nested deeper than Python's recursion limit with RecursionError.
     log.info("invalid request", error=str(exc))
-    return _error(400, "invalid request: the JSON nests too deeply")
+    return _error(req, 400, "invalid request: the JSON nests too deeply")
 
 
-def _on_unexpected(_req: Request, exc: Exception) -> Response[ErrorResponse]:
+def _on_unexpected(req: Request, exc: Exception) -> Response[bytes]:
     # The body never carries the exception: it may quote the request or the server's internals.
     log.exception("unexpected error", error=repr(exc))
-    return _error(500, "internal error; the server log has the details under this request id")
+    return _error(req, 500, "internal error; the server log has the details under this request id")
 
 
 class _Gateway(Litestar):

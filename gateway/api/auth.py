@@ -9,16 +9,14 @@ from __future__ import annotations
 
 from typing import cast
 
-import msgspec
 import structlog
 from litestar import Request
-from litestar.types import ASGIApp, HTTPResponseBodyEvent, HTTPResponseStartEvent, HTTPScope, Receive, Scope, Send
+from litestar.types import ASGIApp, HTTPScope, Receive, Scope, Send
 
-from gateway.api.request_id import current_request_id
+from gateway.api.error_body import send_error
 from gateway.ops.keys import KeyRing
 from gateway.ops.ledger import key_label
 from gateway.ops.limits import KeyLimiter, Refusal
-from protocol.errors import ErrorResponse
 
 log = structlog.get_logger("gateway.auth")
 
@@ -60,7 +58,7 @@ class ApiKeyAuth:
             return
         key = self.keys.check(presented_key(dict(http["headers"])))
         if key is None:
-            await _unauthorized(send)
+            await _unauthorized(send, scope["path"])
             return
         http.setdefault("state", {})[CALLER] = key.label
         structlog.contextvars.bind_contextvars(api_key=key.label)
@@ -69,7 +67,7 @@ class ApiKeyAuth:
             return
         refusal = self.limiter.admit(key.label, key.limits)
         if refusal is not None:
-            await _too_many(send, refusal)
+            await _too_many(send, scope["path"], refusal)
             return
         try:
             await self.app(scope, receive, send)
@@ -77,24 +75,12 @@ class ApiKeyAuth:
             self.limiter.release(key.label)
 
 
-async def _unauthorized(send: Send) -> None:
+async def _unauthorized(send: Send, path: str) -> None:
     message = "missing or wrong API key: send `Authorization: Bearer KEY` or `x-api-key: KEY`"
-    await _error(send, 401, message, [(b"www-authenticate", b'Bearer realm="geniex"')])
+    await send_error(send, path, 401, message, [(b"www-authenticate", b'Bearer realm="geniex"')])
 
 
-async def _too_many(send: Send, refusal: Refusal) -> None:
+async def _too_many(send: Send, path: str, refusal: Refusal) -> None:
     log.info("request refused by a key limit", limit=refusal.limit, retry_after_s=refusal.retry_after_s)
     headers = [(b"retry-after", str(refusal.retry_after_s).encode())]
-    await _error(send, 429, f"{refusal.message()}; retry after {refusal.retry_after_s} s", headers)
-
-
-async def _error(send: Send, status: int, message: str, headers: list[tuple[bytes, bytes]]) -> None:
-    body = msgspec.json.encode(ErrorResponse(error=message, request_id=current_request_id()))
-    start: HTTPResponseStartEvent = {
-        "type": "http.response.start",
-        "status": status,
-        "headers": [(b"content-type", b"application/json"), *headers],
-    }
-    await send(start)
-    end: HTTPResponseBodyEvent = {"type": "http.response.body", "body": body, "more_body": False}
-    await send(end)
+    await send_error(send, path, 429, f"{refusal.message()}; retry after {refusal.retry_after_s} s", headers)

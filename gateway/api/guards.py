@@ -11,19 +11,9 @@ from __future__ import annotations
 
 from typing import cast
 
-import msgspec
-from litestar.types import (
-    ASGIApp,
-    HTTPResponseBodyEvent,
-    HTTPResponseStartEvent,
-    HTTPScope,
-    Receive,
-    Scope,
-    Send,
-)
+from litestar.types import ASGIApp, HTTPScope, Receive, Scope, Send
 
-from gateway.api.request_id import current_request_id
-from protocol.errors import ErrorResponse
+from gateway.api.error_body import send_error
 
 LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "::1"})
 WITH_BODY = frozenset({"POST", "PUT", "PATCH"})
@@ -50,24 +40,12 @@ class BrowserGuard:
         headers = dict(scope["headers"])
         host = headers.get(b"host", b"").decode("latin-1")
         if self.allowed_hosts is not None and host and host_name(host) not in self.allowed_hosts:
-            await _refuse(send, 403, f"this server does not answer to the host name {host[:100]!r} (a defence against "
-                                     "DNS rebinding); its operator can allow it with --allowed-host")  # fmt: skip
+            await send_error(send, scope["path"], 403, f"this server does not answer to the host name {host[:100]!r} "
+                             "(a defence against DNS rebinding); its operator can allow it with --allowed-host")  # fmt: skip
             return
         if cast("HTTPScope", scope)["method"] in WITH_BODY:
             ctype = headers.get(b"content-type", b"").split(b";")[0].strip().lower()
             if ctype not in JSON_TYPES:
-                await _refuse(send, 415, "`Content-Type` must be application/json")
+                await send_error(send, scope["path"], 415, "`Content-Type` must be application/json")
                 return
         await self.app(scope, receive, send)
-
-
-async def _refuse(send: Send, status: int, message: str) -> None:
-    body = msgspec.json.encode(ErrorResponse(error=message, request_id=current_request_id()))
-    start: HTTPResponseStartEvent = {
-        "type": "http.response.start",
-        "status": status,
-        "headers": [(b"content-type", b"application/json")],
-    }
-    await send(start)
-    end: HTTPResponseBodyEvent = {"type": "http.response.body", "body": body, "more_body": False}
-    await send(end)

@@ -13,11 +13,9 @@ import time
 from collections.abc import Callable
 from typing import cast
 
-import msgspec
-from litestar.types import ASGIApp, HTTPResponseBodyEvent, HTTPResponseStartEvent, HTTPScope, Receive, Scope, Send
+from litestar.types import ASGIApp, HTTPScope, Receive, Scope, Send
 
-from gateway.api.request_id import current_request_id
-from protocol.errors import ErrorResponse
+from gateway.api.error_body import send_error
 
 # Probes and read-only views stay open while draining; anything that starts work is refused.
 OPEN_PATHS = ("/health", "/ready", "/metrics")
@@ -60,23 +58,11 @@ class DrainMiddleware:
             await self.app(scope, receive, send)
             return
         if self.drain.draining and cast("HTTPScope", scope)["method"] != "GET":
-            await _refuse(send)
+            await send_error(send, scope["path"], 503, "the server is shutting down; retry on another instance or in "
+                             "a moment", [(b"retry-after", b"5"), (b"connection", b"close")])  # fmt: skip
             return
         self.drain.inflight += 1
         try:
             await self.app(scope, receive, send)
         finally:
             self.drain.inflight -= 1
-
-
-async def _refuse(send: Send) -> None:
-    body = msgspec.json.encode(ErrorResponse(error="the server is shutting down; retry on another instance "
-                                                   "or in a moment", request_id=current_request_id()))  # fmt: skip
-    start: HTTPResponseStartEvent = {
-        "type": "http.response.start",
-        "status": 503,
-        "headers": [(b"content-type", b"application/json"), (b"retry-after", b"5"), (b"connection", b"close")],
-    }
-    await send(start)
-    end: HTTPResponseBodyEvent = {"type": "http.response.body", "body": body, "more_body": False}
-    await send(end)
