@@ -20,7 +20,7 @@ from litestar.middleware import DefineMiddleware
 from litestar.plugins import PluginProtocol
 from litestar.plugins.core import MsgspecDIPlugin
 
-from gateway.api import chat, completions, embeddings, health, logits, models, ops
+from gateway.api import chat, completions, embeddings, health, logits, messages, models, ops
 from gateway.api.auth import ApiKeyAuth
 from gateway.api.error_body import error_body
 from gateway.api.guards import LOOPBACK_NAMES, BrowserGuard
@@ -188,6 +188,7 @@ def create_app(settings: Settings, lifecycle: Lifecycle | None = None, keys: Key
     return _Gateway(
         route_handlers=[
             *chat.handlers,
+            *messages.handlers,
             *completions.handlers,
             *logits.handlers,
             *embeddings.handlers,

@@ -1,0 +1,68 @@
+"""POST /v1/messages and /v1/messages/count_tokens: Anthropic's Messages API, read like its spec.
+
+The request is translated to a chat request and planned, run and accounted exactly as
+`/v1/chat/completions` is (gateway/chat/anthropic.py); only the answer's shape differs. Errors
+on these routes have Anthropic's shape (gateway/api/error_body.py). The `anthropic-version`
+header is accepted and not read: there is one version of this API here. `x-api-key` is one of
+the two ways to send a key (gateway/api/auth.py).
+"""
+
+from __future__ import annotations
+
+from litestar import Request, Response, post
+from litestar.di import NamedDependency
+from litestar.response import ServerSentEvent
+
+from gateway.api import relay
+from gateway.api.anthropic_stream import sse
+from gateway.api.auth import caller_of, tenant_of
+from gateway.api.body import read_json
+from gateway.api.chat import KEEP_CACHE_HEADER, header_true
+from gateway.api.disconnect import unless_disconnected
+from gateway.api.request_id import current_request_id
+from gateway.api.services import Services
+from gateway.chat.anthropic import chat_request, message_of
+from gateway.chat.convert import plan_chat
+from gateway.chat.shape import ChoiceShaper
+from gateway.errors import EngineFailure
+from protocol import anthropic as a
+from protocol.wire import CountTokens, TokenCount
+
+
+@post("/v1/messages", status_code=200)
+async def create_message(request: Request, body: bytes,
+                         services: NamedDependency[Services]) -> Response[a.Message] | ServerSentEvent:  # fmt: skip
+    data = read_json(body, a.MessagesRequest)
+    req = chat_request(data)
+    entry = services.store.resolve(data.model)
+    plan = plan_chat(req, current_request_id() or "", services.store, services.settings.grammar_dirs,
+                     keep_cache=header_true(request, KEEP_CACHE_HEADER), tenant=tenant_of(request))  # fmt: skip
+    accounting = services.accounting(entry.id, caller_of(request), req.user)
+    completion = relay.Completion(entry.id, accounting, id_prefix="msg")
+    worker = await completion.guard(services.worker(entry))
+    shaper = ChoiceShaper(0, plan.shape, worker.ready_info.tool_format if worker.ready_info else "")
+    stream = relay.fan_out(worker, plan.generations())
+    if not data.stream:
+        answer = await completion.guard(unless_disconnected(request, relay.collect(completion, [shaper], stream)))
+        return Response(message_of(answer, completion.dones[0].stop_sequence))
+    # The first message decides the status: a refused prompt is a 400, not a broken stream.
+    first = await completion.guard(anext(stream))
+    return ServerSentEvent(sse(completion, shaper, first, stream))
+
+
+@post("/v1/messages/count_tokens", status_code=200)
+async def count_tokens(body: bytes, services: NamedDependency[Services]) -> Response[a.TokenCount]:
+    """The prompt's tokens through the model's own template and tokenizer; nothing is generated,
+    so nothing is billed (as at Anthropic)."""
+    data = read_json(body, a.CountTokensRequest)
+    req = chat_request(data)
+    entry = services.store.resolve(data.model)
+    g = plan_chat(req, current_request_id() or "", services.store, services.settings.grammar_dirs).generate
+    worker = await services.worker(entry)
+    reply = await worker.call(CountTokens(0, g.log_id, g.messages or [], g.template_vars, g.tools))
+    if not isinstance(reply, TokenCount):
+        raise EngineFailure(f"the worker answered a token count with {type(reply).__name__}")
+    return Response(a.TokenCount(input_tokens=reply.n_tokens))
+
+
+handlers = [create_message, count_tokens]

@@ -1,0 +1,292 @@
+"""The Anthropic Messages dialect, translated at the edge: a `/v1/messages` request becomes the
+same ChatRequest (so the same ChatPlan and the same decode path) as `/v1/chat/completions`, and
+the chat answer, whole or piece by piece, becomes Anthropic's content blocks and events.
+
+Every refusal names the Anthropic field (`messages[1].content[0]`), not the chat field it maps to.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from gateway.chat.constraints import bounded_schema
+from gateway.errors import BadRequest
+from protocol import anthropic as a
+from protocol import chat
+
+# ---- request -> chat request ---------------------------------------------------
+
+_NO_VISION = "this server's chat models read text only (no vision), so {kind} blocks cannot be read"
+
+
+def _text_of(blocks: list[a.TextBlock]) -> str:
+    # Adjacent text blocks are one turn's paragraphs; a newline keeps their words apart.
+    return "\n".join(b.text for b in blocks)
+
+
+def _system(system: str | list[a.TextBlock] | None) -> list[chat.ChatMessage]:
+    if system is None:
+        return []
+    text = system if isinstance(system, str) else _text_of(system)
+    return [chat.ChatMessage(role="system", content=text)] if text else []
+
+
+def _tool_result(where: str, b: a.ToolResultBlock) -> chat.ChatMessage:
+    content = b.content
+    if content is None:
+        text = ""
+    elif isinstance(content, str):
+        text = content
+    else:
+        texts: list[a.TextBlock] = []
+        for j, part in enumerate(content):
+            if not isinstance(part, a.TextBlock):
+                raise BadRequest(f"`{where}.content[{j}]`: " + _NO_VISION.format(kind=part.__struct_config__.tag))
+            texts.append(part)
+        text = _text_of(texts)
+    if b.is_error:  # the chat templates have no error flag; the model reads it in the text
+        text = f"Error: {text}"
+    return chat.ChatMessage(role="tool", content=text, tool_call_id=b.tool_use_id)
+
+
+def _user_turn(i: int, blocks: list[a.InputBlock]) -> list[chat.ChatMessage]:
+    """A user turn's tool results become tool messages and its text a user message, in their order."""
+    out: list[chat.ChatMessage] = []
+    texts: list[a.TextBlock] = []
+
+    def flush() -> None:
+        if texts:
+            out.append(chat.ChatMessage(role="user", content=_text_of(texts)))
+            texts.clear()
+
+    for j, b in enumerate(blocks):
+        where = f"messages[{i}].content[{j}]"
+        if isinstance(b, a.TextBlock):
+            texts.append(b)
+        elif isinstance(b, a.ToolResultBlock):
+            flush()
+            out.append(_tool_result(where, b))
+        elif isinstance(b, a.ImageBlock | a.DocumentBlock):
+            raise BadRequest(f"`{where}`: " + _NO_VISION.format(kind=b.__struct_config__.tag))
+        else:
+            raise BadRequest(f"`{where}`: a {b.__struct_config__.tag} block belongs to an assistant turn")
+    flush()
+    return out
+
+
+def _assistant_turn(i: int, blocks: list[a.InputBlock]) -> chat.ChatMessage:
+    """An assistant turn: its text, its reasoning, and its tool uses as the chat's tool calls."""
+    texts: list[a.TextBlock] = []
+    thinking: list[str] = []
+    calls: list[chat.ToolCall] = []
+    for j, b in enumerate(blocks):
+        where = f"messages[{i}].content[{j}]"
+        if isinstance(b, a.TextBlock):
+            texts.append(b)
+        elif isinstance(b, a.ThinkingBlock):
+            thinking.append(b.thinking)
+        elif isinstance(b, a.RedactedThinkingBlock):
+            continue  # Anthropic's encrypted reasoning: nothing a local model can read
+        elif isinstance(b, a.ToolUseBlock):
+            calls.append(chat.ToolCall(id=b.id, function=chat.FunctionCall(name=b.name, arguments=json.dumps(b.input))))
+        elif isinstance(b, a.ImageBlock | a.DocumentBlock):
+            raise BadRequest(f"`{where}`: " + _NO_VISION.format(kind=b.__struct_config__.tag))
+        else:
+            raise BadRequest(f"`{where}`: a {b.__struct_config__.tag} block belongs to a user turn")
+    return chat.ChatMessage(role="assistant", content=_text_of(texts), tool_calls=calls or None,
+                            reasoning_content="\n".join(thinking) or None)  # fmt: skip
+
+
+def _messages(req: a.MessagesInput) -> list[chat.ChatMessage]:
+    out = _system(req.system)
+    for i, m in enumerate(req.messages):
+        if isinstance(m.content, str):
+            out.append(chat.ChatMessage(role=m.role, content=m.content))
+        elif m.role == "user":
+            out.extend(_user_turn(i, m.content))
+        else:
+            out.append(_assistant_turn(i, m.content))
+    return out
+
+
+def _tools(tools: list[a.ToolDef] | None) -> list[chat.Tool] | None:
+    if not tools:
+        return None
+    out = []
+    for i, t in enumerate(tools):
+        if t.type not in (None, "custom"):
+            raise BadRequest(f"`tools[{i}].type`: {t.type!r} is one of Anthropic's server tools; this server runs "
+                             "custom tools only (`name`, `description`, `input_schema`)")  # fmt: skip
+        if t.input_schema is None:
+            raise BadRequest(f"`tools[{i}].input_schema`: a required field is missing")
+        schema = bounded_schema(t.input_schema, f"tools[{i}].input_schema")
+        out.append(chat.Tool(function=chat.FunctionDef(name=t.name, description=t.description, parameters=schema)))
+    return out
+
+
+def _tool_choice(choice: a.ToolChoice | None, tools: list[a.ToolDef] | None) -> str | dict[str, Any] | None:
+    if choice is None:
+        return None
+    if not tools:
+        if isinstance(choice, a.ToolChoiceAny | a.ToolChoiceTool):
+            raise BadRequest(f"`tool_choice`: {choice.__struct_config__.tag!r} needs `tools`")
+        return None  # auto or none, with nothing to choose from: plain text either way
+    if isinstance(choice, a.ToolChoiceTool):
+        if choice.name not in {t.name for t in tools}:
+            raise BadRequest(f"`tool_choice.name`: no tool named {choice.name[:128]!r} in `tools`")
+        return {"type": "function", "function": {"name": choice.name}}
+    return {"auto": "auto", "any": "required", "none": "none"}[choice.__struct_config__.tag]  # type: ignore[index]
+
+
+def _thinks(thinking: a.ThinkingConfig | None) -> bool:
+    return thinking is not None and thinking.type != "disabled"
+
+
+def _response_format(config: a.OutputConfig | None) -> dict[str, Any] | None:
+    """Structured outputs become the chat's json_schema response format (the same grammar path)."""
+    if config is None or config.format is None:
+        return None
+    schema = bounded_schema(config.format.schema, "output_config.format.schema")
+    return {"type": "json_schema", "json_schema": {"name": "output", "schema": schema}}
+
+
+def chat_request(req: a.MessagesInput) -> chat.ChatRequest:
+    """The chat request a Messages request (or a count_tokens body) means."""
+    thinks = _thinks(req.thinking)
+    fields: dict[str, Any] = {}
+    if isinstance(req, a.MessagesRequest):
+        fields = {
+            "max_tokens": req.max_tokens,
+            "stop": req.stop_sequences,
+            "stream": req.stream,
+            "temperature": req.temperature,
+            "top_p": req.top_p,
+            "top_k": req.top_k,
+            "user": req.metadata.user_id if req.metadata else None,
+        }
+    return chat.ChatRequest(
+        model=req.model,
+        messages=_messages(req),
+        tools=_tools(req.tools),
+        tool_choice=_tool_choice(req.tool_choice, req.tools),
+        # Anthropic models think only when asked; templates that read the flag (Qwen3 and the like)
+        # are told so either way, and asked-for reasoning comes back split into thinking blocks.
+        enable_think=thinks,
+        reasoning_format="deepseek" if thinks else None,
+        response_format=_response_format(req.output_config),
+        **fields,
+    )
+
+
+# ---- chat answer -> message ----------------------------------------------------
+
+
+def tool_use_id(call_id: str) -> str:
+    """Anthropic's id spelling for the chat's call id (`call_abc` -> `toolu_abc`)."""
+    return "toolu_" + call_id.removeprefix("call_")
+
+
+def tool_input(arguments: str) -> dict[str, Any]:
+    """A call's arguments as the `input` object. Output cut short (max_tokens) or a model that
+    wrote a non-object gives an empty object: `input` must be one."""
+    try:
+        value = json.loads(arguments)
+    except ValueError:
+        return {}
+    return value if isinstance(value, dict) else {}
+
+
+def blocks_of(message: chat.AssistantMessage) -> list[a.OutputBlock]:
+    """The content blocks of a whole answer: thinking, text, then the tool uses, as a stream orders them."""
+    blocks: list[a.OutputBlock] = []
+    if message.reasoning_content:
+        blocks.append(a.ThinkingBlock(thinking=message.reasoning_content))
+    if message.content:
+        blocks.append(a.TextBlock(text=message.content))
+    for call in message.tool_calls or []:
+        blocks.append(a.ToolUseBlock(id=tool_use_id(call.id), name=call.function.name,
+                                     input=tool_input(call.function.arguments)))  # fmt: skip
+    return blocks
+
+
+def stop_reason(finish_reason: str | None, stop_sequence: str) -> a.StopReason:
+    """Anthropic's stop reason for the chat's finish reason (after tool-call shaping)."""
+    if finish_reason == "tool_calls":
+        return "tool_use"
+    if finish_reason == "length":
+        return "max_tokens"
+    return "stop_sequence" if stop_sequence else "end_turn"
+
+
+def usage_of(u: chat.Usage) -> a.Usage:
+    cached = u.prompt_tokens_details.cached_tokens if u.prompt_tokens_details else 0
+    return a.Usage(input_tokens=u.prompt_tokens - cached, output_tokens=u.completion_tokens,
+                   cache_read_input_tokens=cached)  # fmt: skip
+
+
+def message_id(completion_id: str) -> str:
+    return "msg_" + completion_id.rpartition("-")[2]
+
+
+def message_of(completion: chat.ChatCompletion, stop_sequence: str) -> a.Message:
+    """The non-streamed answer: one choice (Messages has no `n`) as a Message."""
+    choice = completion.choices[0]
+    return a.Message(id=message_id(completion.id), model=completion.model, content=blocks_of(choice.message),
+                     stop_reason=stop_reason(choice.finish_reason, stop_sequence),
+                     stop_sequence=stop_sequence or None, usage=usage_of(completion.usage))  # fmt: skip
+
+
+# ---- chat pieces -> stream events ----------------------------------------------
+
+
+class BlockStream:
+    """Turns the chat shaper's pieces (reasoning, content, tool-call fragments) into Anthropic's
+    content-block events: a block opens when its kind of output starts, and closes when another
+    kind starts or the answer ends. Tool arguments go out as `input_json_delta` fragments, exactly
+    as the model writes them, so they concatenate to the call's JSON."""
+
+    def __init__(self) -> None:
+        self.index = -1  # the open block's index; -1: none yet
+        self.kind = ""  # "thinking", "text" or "tool_use"; "": none open
+
+    def _open(self, block: a.OutputBlock, out: list[a.StreamEvent]) -> None:
+        self._close(out)
+        self.index += 1
+        self.kind = block.__struct_config__.tag  # type: ignore[assignment]
+        out.append(a.ContentBlockStart(self.index, block))
+
+    def _close(self, out: list[a.StreamEvent]) -> None:
+        if self.kind:
+            out.append(a.ContentBlockStop(self.index))
+            self.kind = ""
+
+    def feed(self, delta: chat.ChunkDelta) -> list[a.StreamEvent]:
+        out: list[a.StreamEvent] = []
+        if delta.reasoning_content:
+            if self.kind != "thinking":
+                self._open(a.ThinkingBlock(thinking=""), out)
+            out.append(a.ContentBlockDelta(self.index, a.ThinkingDelta(delta.reasoning_content)))
+        if delta.content:
+            if self.kind != "text":
+                self._open(a.TextBlock(text=""), out)
+            out.append(a.ContentBlockDelta(self.index, a.TextDelta(delta.content)))
+        for call in delta.tool_calls or []:
+            if call.id is not None:  # a new call: its id and name come first, then its arguments
+                self._open(a.ToolUseBlock(id=tool_use_id(call.id), name=call.function.name or "", input={}), out)
+            if call.function.arguments:
+                out.append(a.ContentBlockDelta(self.index, a.InputJsonDelta(call.function.arguments)))
+        return out
+
+    def text(self, text: str) -> list[a.StreamEvent]:
+        """Plain text (a request without tools or thinking), without building a ChunkDelta."""
+        out: list[a.StreamEvent] = []
+        if self.kind != "text":
+            self._open(a.TextBlock(text=""), out)
+        out.append(a.ContentBlockDelta(self.index, a.TextDelta(text)))
+        return out
+
+    def finish(self) -> list[a.StreamEvent]:
+        out: list[a.StreamEvent] = []
+        self._close(out)
+        return out
