@@ -35,7 +35,12 @@ def presented_key(headers: dict[bytes, bytes]) -> str:
 def caller_of(request: Request) -> str:
     """The label the ledger and the prompt cache know this caller by."""
     label = request.scope.get("state", {}).get(CALLER)
-    return str(label) if label else key_label(request.headers.get("authorization"))
+    if label:
+        return str(label)
+    # Without server keys, whatever key the client sent names it, in either header (the Anthropic
+    # SDKs send `x-api-key`, the OpenAI SDKs `Authorization: Bearer`).
+    key = presented_key(dict(request.scope["headers"]))
+    return key_label(f"Bearer {key}" if key else None)
 
 
 def tenant_of(request: Request) -> str:
