@@ -1,0 +1,176 @@
+"""Streaming decode through the Anthropic dialect (`/v1/messages`) as a ratio of
+`/v1/chat/completions`, in the same run, on the same server and prompt, greedy.
+
+    .venv/bin/python bench/dialects.py [--rounds 7] [--max-tokens 120] [--client raw|sdk]
+
+The dialect is a translation at the edge, so its per-token cost is the gateway's: shaping each
+worker Delta into a `content_block_delta` event instead of a chat chunk. Rounds alternate the two
+routes (chat, messages, chat, ...) so drift in machine load hits both alike. Per route it reports
+the median decode tok/s at the client ((tokens - 1) / (last content event - first content event)),
+the paired ratio (median of messages_i / chat_i over adjacent rounds), and the gateway's CPU ms per
+token (psutil, the gateway process only: where the translation runs).
+
+`--client raw` (the default) reads both streams with the same minimal httpx line loop, so the two
+clients cost the same and only the server differs; `--client sdk` uses the official `openai` and
+`anthropic` SDKs instead (their own parsing costs differ, and on a 2-core box that CPU is taken
+from decoding). `--stream-interval 0` (the default here) sends one event per token, the harshest
+case for a per-token cost; pass the server's default 20 to measure what users see.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+import httpx
+import psutil
+
+from bench.launcher import Server
+
+MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct:Q4_1"
+SYSTEM = "You are a storyteller."
+ASK = "Write a long story about a dragon who learns to code."  # bench.py's workload: SmolLM2 talks for all 120
+
+Round = tuple[float, int]  # (decode tok/s at the client, completion tokens)
+
+
+def _rate(first: float | None, last: float | None, tokens: int) -> float:
+    return (tokens - 1) / (last - first) if first and last and last > first and tokens > 1 else 0.0
+
+
+def raw_chat(http: httpx.Client, base: str, max_tokens: int) -> Round:
+    body = {"model": MODEL, "messages": [{"role": "system", "content": SYSTEM}, {"role": "user", "content": ASK}],
+            "max_tokens": max_tokens, "temperature": 0, "stream": True, "stream_options": {"include_usage": True}}  # fmt: skip
+    first = last = None
+    tokens = 0
+    with http.stream("POST", f"{base}/v1/chat/completions", json=body) as r:
+        for line in r.iter_lines():
+            if not line.startswith("data: {"):
+                continue
+            chunk = json.loads(line[6:])
+            if chunk["choices"] and chunk["choices"][0]["delta"].get("content"):
+                last = time.perf_counter()
+                first = first or last
+            if chunk.get("usage"):
+                tokens = chunk["usage"]["completion_tokens"]
+    return _rate(first, last, tokens), tokens
+
+
+def raw_messages(http: httpx.Client, base: str, max_tokens: int) -> Round:
+    body = {"model": MODEL, "system": SYSTEM, "messages": [{"role": "user", "content": ASK}],
+            "max_tokens": max_tokens, "temperature": 0, "stream": True}  # fmt: skip
+    first = last = None
+    tokens = 0
+    with http.stream("POST", f"{base}/v1/messages", json=body, headers={"anthropic-version": "2023-06-01"}) as r:
+        for line in r.iter_lines():
+            if not line.startswith("data: {"):
+                continue
+            ev = json.loads(line[6:])
+            if ev["type"] == "content_block_delta":
+                last = time.perf_counter()
+                first = first or last
+            elif ev["type"] == "message_delta":
+                tokens = ev["usage"]["output_tokens"]
+    return _rate(first, last, tokens), tokens
+
+
+def sdk_clients(base: str) -> tuple[Callable[[int], Round], Callable[[int], Round]]:
+    import anthropic
+    import openai
+
+    oa = openai.OpenAI(base_url=f"{base}/v1", api_key="unused", max_retries=0, timeout=300)
+    an = anthropic.Anthropic(base_url=base, api_key="unused", max_retries=0, timeout=300)
+
+    def chat(max_tokens: int) -> Round:
+        first = last = None
+        tokens = 0
+        for ch in oa.chat.completions.create(model=MODEL, messages=[{"role": "system", "content": SYSTEM},
+                                                                    {"role": "user", "content": ASK}],
+                                             max_tokens=max_tokens, temperature=0, stream=True,
+                                             stream_options={"include_usage": True}):  # fmt: skip
+            if ch.choices and ch.choices[0].delta.content:
+                last = time.perf_counter()
+                first = first or last
+            if ch.usage:
+                tokens = ch.usage.completion_tokens
+        return _rate(first, last, tokens), tokens
+
+    def messages(max_tokens: int) -> Round:
+        first = last = None
+        tokens = 0
+        for ev in an.messages.create(model=MODEL, system=SYSTEM, messages=[{"role": "user", "content": ASK}],
+                                     max_tokens=max_tokens, stream=True, extra_body={"temperature": 0}):  # fmt: skip
+            if ev.type == "content_block_delta":
+                last = time.perf_counter()
+                first = first or last
+            elif ev.type == "message_delta":
+                tokens = ev.usage.output_tokens
+        return _rate(first, last, tokens), tokens
+
+    return chat, messages
+
+
+def main() -> int:
+    p = argparse.ArgumentParser()
+    p.add_argument("--rounds", type=int, default=7)
+    p.add_argument("--max-tokens", type=int, default=120)
+    p.add_argument("--client", choices=("raw", "sdk"), default="raw")
+    p.add_argument("--stream-interval", type=int, default=0)
+    p.add_argument("--json", type=Path, default=REPO / "bench" / "results" / "dialects.json")
+    args = p.parse_args()
+    srv = Server(Path(tempfile.mkdtemp(prefix="geniex-bench-")), "--stream-interval", str(args.stream_interval))
+    http = httpx.Client(timeout=300)
+    try:
+        srv.wait_ready()
+        gateway = psutil.Process(srv.proc.pid)
+        if args.client == "sdk":
+            chat, messages = sdk_clients(srv.base_url)
+        else:
+            chat = lambda n: raw_chat(http, srv.base_url, n)  # noqa: E731
+            messages = lambda n: raw_messages(http, srv.base_url, n)  # noqa: E731
+        routes: dict[str, Callable[[int], Round]] = {"chat": chat, "messages": messages}
+        for run in routes.values():  # load the model, warm both paths
+            run(8)
+        rates: dict[str, list[float]] = {name: [] for name in routes}
+        cpu_ms: dict[str, list[float]] = {name: [] for name in routes}
+        for _ in range(args.rounds):
+            for name, run in routes.items():
+                c0 = sum(gateway.cpu_times()[:2])
+                rate, tokens = run(args.max_tokens)
+                rates[name].append(rate)
+                cpu_ms[name].append((sum(gateway.cpu_times()[:2]) - c0) * 1000 / max(tokens, 1))
+    finally:
+        http.close()
+        srv.stop()
+    paired = [m / c for c, m in zip(rates["chat"], rates["messages"]) if c]
+    report: dict[str, Any] = {
+        name: {"tok_s": round(statistics.median(rates[name]), 1),
+               "gateway_cpu_ms_per_token": round(statistics.median(cpu_ms[name]), 3),
+               "all_tok_s": [round(r, 1) for r in rates[name]]}
+        for name in rates
+    }  # fmt: skip
+    report["paired_ratio"] = round(statistics.median(paired), 3)
+    report["args"] = {k: str(v) for k, v in vars(args).items()}
+    for name in rates:
+        r = report[name]
+        print(f"{name:9s} {r['tok_s']:7.1f} tok/s   gateway {r['gateway_cpu_ms_per_token']:.3f} ms CPU/token")
+    print(f"/v1/messages decode / /v1/chat/completions decode, paired median: {report['paired_ratio']:.3f} "
+          f"(goal >= 0.98; {args.rounds} rounds, {args.max_tokens} tokens, client {args.client})")  # fmt: skip
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    args.json.write_text(json.dumps(report, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
