@@ -11,6 +11,7 @@ import json
 from typing import Any
 
 from gateway.chat.constraints import bounded_schema
+from gateway.chat.convert import fits_wire
 from gateway.errors import BadRequest
 from protocol import anthropic as a
 from protocol import chat
@@ -101,6 +102,8 @@ def _assistant_turn(i: int, blocks: list[a.InputBlock]) -> chat.ChatMessage:
 def _messages(req: a.MessagesInput) -> list[chat.ChatMessage]:
     out = _system(req.system)
     for i, m in enumerate(req.messages):
+        if not m.content and not isinstance(m.content, str):
+            raise BadRequest(f"`messages[{i}].content`: a turn needs at least one content block")
         if isinstance(m.content, str):
             out.append(chat.ChatMessage(role=m.role, content=m.content))
         elif m.role == "user":
@@ -121,6 +124,8 @@ def _tools(tools: list[a.ToolDef] | None) -> list[chat.Tool] | None:
         if t.input_schema is None:
             raise BadRequest(f"`tools[{i}].input_schema`: a required field is missing")
         schema = bounded_schema(t.input_schema, f"tools[{i}].input_schema")
+        if not fits_wire(schema):
+            raise BadRequest(f"`tools[{i}].input_schema`: holds an integer beyond 64 bits or nests too deeply")
         out.append(chat.Tool(function=chat.FunctionDef(name=t.name, description=t.description, parameters=schema)))
     return out
 
@@ -154,6 +159,10 @@ def _response_format(config: a.OutputConfig | None) -> dict[str, Any] | None:
 def chat_request(req: a.MessagesInput) -> chat.ChatRequest:
     """The chat request a Messages request (or a count_tokens body) means."""
     thinks = _thinks(req.thinking)
+    forced = isinstance(req.tool_choice, a.ToolChoiceAny | a.ToolChoiceTool)
+    if forced and req.output_config is not None and req.output_config.format is not None:
+        # Both would constrain the output with a grammar, and one answer follows one grammar.
+        raise BadRequest("`output_config.format`, `tool_choice`: only one output constraint per request")
     fields: dict[str, Any] = {}
     if isinstance(req, a.MessagesRequest):
         fields = {

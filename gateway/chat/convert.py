@@ -52,10 +52,10 @@ def _json_or_text(text: str) -> Any:
         value = json.loads(text)
     except (ValueError, RecursionError):
         return text
-    return value if _fits_wire(value) else text
+    return value if fits_wire(value) else text
 
 
-def _fits_wire(value: Any) -> bool:
+def fits_wire(value: Any) -> bool:
     """Whether msgpack can carry `value` to a worker: free-form JSON (tool schemas, arguments)
     may hold integers beyond 64 bits, which would fail only when the request is sent."""
     try:
@@ -68,7 +68,7 @@ def _fits_wire(value: Any) -> bool:
 def _tools(req: ChatRequest) -> list[dict[str, Any]]:
     tools = [msgspec.to_builtins(t) for t in req.tools or []]
     for i, t in enumerate(tools):
-        if not _fits_wire(t):
+        if not fits_wire(t):
             raise BadRequest(f"`tools[{i}].function.parameters`: holds an integer beyond 64 bits or nests too deeply")
     return tools
 
