@@ -209,3 +209,13 @@ def test_structured_output_follows_its_schema(claude: anthropic.Anthropic) -> No
     m = claude.messages.create(model=MODEL, messages=ASK, output_config={"format": {"type": "json_schema", "schema": schema}},
                                extra_body={"temperature": 0}, max_tokens=40)  # fmt: skip
     jsonschema.validate(json.loads(m.content[0].text), schema)
+
+
+def test_thinking_runs_the_reasoning_split_and_the_stream_still_adds_up(claude: anthropic.Anthropic) -> None:
+    """SmolLM2 never thinks, so this proves the path (split on, shaped piece by piece), not the blocks:
+    gateway/chat/anthropic.py's unit tests show reasoning becoming thinking blocks."""
+    kw: dict[str, Any] = {"messages": ASK, "thinking": {"type": "enabled", "budget_tokens": 1024}, **GREEDY}
+    m = claude.messages.create(model=MODEL, **kw)
+    _, final = streamed(claude, **kw)
+    assert [b.model_dump() for b in final.content] == [b.model_dump() for b in m.content]
+    assert m.content and all(b.type in ("thinking", "text") for b in m.content)
