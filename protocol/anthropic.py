@@ -14,7 +14,7 @@ from typing import Annotated, Any, Literal
 import msgspec
 from msgspec import Meta
 
-from protocol.limits import Count, PositiveInt
+from protocol.limits import MAX_MESSAGES, MAX_STOP, MAX_TOOLS, Count, PositiveInt, StopString
 
 # ---- content blocks (request and response) -----------------------------------
 
@@ -120,9 +120,10 @@ class MessagesInput(msgspec.Struct, kw_only=True):
     """What `/v1/messages` and `/v1/messages/count_tokens` share: the prompt as the model sees it."""
 
     model: str
-    messages: Annotated[list[InputMessage], Meta(min_length=1)]
+    # The chat endpoint's bounds (protocol/limits.py), so that neither dialect can ask for more work.
+    messages: Annotated[list[InputMessage], Meta(min_length=1, max_length=MAX_MESSAGES)]
     system: str | list[TextBlock] | None = None
-    tools: list[ToolDef] | None = None
+    tools: Annotated[list[ToolDef], Meta(max_length=MAX_TOOLS)] | None = None
     tool_choice: ToolChoice | None = None
     thinking: ThinkingConfig | None = None
     output_config: OutputConfig | None = None
@@ -130,7 +131,7 @@ class MessagesInput(msgspec.Struct, kw_only=True):
 
 class MessagesRequest(MessagesInput, kw_only=True):
     max_tokens: PositiveInt  # required, as Anthropic's API requires it
-    stop_sequences: Annotated[list[str], Meta(max_length=16)] | None = None
+    stop_sequences: Annotated[list[StopString], Meta(max_length=MAX_STOP)] | None = None
     stream: bool = False
     # Sampling: SDKs that dropped these parameters still send them in `extra_body`.
     temperature: Annotated[float, Meta(ge=0, le=1)] | None = None

@@ -22,7 +22,7 @@ from gateway.api.disconnect import unless_disconnected
 from gateway.api.request_id import current_request_id
 from gateway.api.services import Services
 from gateway.chat.anthropic import chat_request, message_of
-from gateway.chat.convert import plan_chat
+from gateway.chat.convert import plan_chat, prompt_chars
 from gateway.chat.shape import ChoiceShaper
 from gateway.errors import EngineFailure
 from protocol import anthropic as a
@@ -39,7 +39,7 @@ async def create_message(request: Request, body: bytes,
                      keep_cache=header_true(request, KEEP_CACHE_HEADER), tenant=tenant_of(request))  # fmt: skip
     accounting = services.accounting(entry.id, caller_of(request), req.user)
     completion = relay.Completion(entry.id, accounting, id_prefix="msg")
-    worker = await completion.guard(services.worker(entry))
+    worker = await completion.guard(services.worker(entry, prompt_chars=prompt_chars(req.messages)))
     shaper = ChoiceShaper(0, plan.shape, worker.ready_info.tool_format if worker.ready_info else "")
     stream = relay.fan_out(worker, plan.generations())
     if not data.stream:
@@ -58,7 +58,7 @@ async def count_tokens(body: bytes, services: NamedDependency[Services]) -> Resp
     req = chat_request(data)
     entry = services.store.resolve(data.model)
     g = plan_chat(req, current_request_id() or "", services.store, services.settings.grammar_dirs).generate
-    worker = await services.worker(entry)
+    worker = await services.worker(entry, prompt_chars=prompt_chars(req.messages))
     reply = await worker.call(CountTokens(0, g.log_id, g.messages or [], g.template_vars, g.tools))
     if not isinstance(reply, TokenCount):
         raise EngineFailure(f"the worker answered a token count with {type(reply).__name__}")

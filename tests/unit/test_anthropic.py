@@ -254,3 +254,12 @@ async def test_an_error_mid_stream_is_an_error_event() -> None:
     assert [n for n, _ in events][-1] == "error"
     assert events[-1][1]["error"] == {"type": "api_error", "message": "worker for m died (killed by SIGKILL)"}
     assert books.settled == [("error", 0, 1)]
+
+
+def test_the_chat_endpoints_bounds_hold_here_too() -> None:
+    with pytest.raises(msgspec.ValidationError, match="stop_sequences"):
+        request(stop_sequences=["x"] * 17)
+    with pytest.raises(msgspec.ValidationError, match="stop_sequences"):
+        request(stop_sequences=["x" * 1025])
+    with pytest.raises(msgspec.ValidationError, match="tools"):
+        request(tools=[WEATHER] * 129)
