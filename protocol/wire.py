@@ -1,7 +1,7 @@
 """Messages between the gateway and a worker: two tagged unions, msgpack-encoded.
 
-Gateway -> worker: Generate, CountTokens, Logits, Embed, Rerank, Warmup, Cancel, Shutdown, SetThreads.
-Worker -> gateway: Ready, Started, Delta, Done, Failed, TokenCount, LogitRows, Embeddings, Scores, Dying.
+Gateway -> worker: Generate, CountTokens, Tokenize, Detokenize, Logits, Embed, Rerank, Warmup, Cancel, Shutdown, SetThreads.
+Worker -> gateway: Ready, Started, Delta, Done, Failed, TokenCount, TokenList, Text, LogitRows, Embeddings, Scores, Dying.
 
 Hot-path structs are `array_like` (no field names on the wire) and `gc=False`.
 No pickle crosses the boundary: decoders are typed, so anything else is refused.
@@ -14,7 +14,7 @@ from typing import Any, Literal
 
 import msgspec
 
-PROTOCOL_VERSION = 4
+PROTOCOL_VERSION = 5
 
 # The speculation types a worker implements; the gateway refuses every other before sending.
 SpecType = Literal["ngram-simple", "ngram-map-k", "draft-simple"]
@@ -107,6 +107,26 @@ class CountTokens(msgspec.Struct, tag="count_tokens", array_like=True, omit_defa
     tools: list[dict[str, Any]] | None = None
 
 
+class Tokenize(msgspec.Struct, tag="tokenize", array_like=True):
+    """Text to the model's token ids (and, with `with_pieces`, each token's bytes); answered with
+    TokenList. `parse_special`: special-token text such as `<|im_start|>` becomes its one id."""
+
+    req_id: int
+    log_id: str
+    content: str
+    add_special: bool = False
+    parse_special: bool = True
+    with_pieces: bool = False
+
+
+class Detokenize(msgspec.Struct, tag="detokenize", array_like=True):
+    """Token ids to the model's text (special tokens rendered); answered with Text."""
+
+    req_id: int
+    log_id: str
+    tokens: list[int]
+
+
 class Logits(msgspec.Struct, tag="logits", array_like=True):
     """One prefill-only forward pass over `input_ids`; answered with LogitRows."""
 
@@ -164,7 +184,9 @@ class Rerank(msgspec.Struct, tag="rerank", array_like=True, omit_defaults=True):
     batch_size: int = 4
 
 
-ToWorker = Generate | CountTokens | Logits | Embed | Rerank | Warmup | Cancel | Shutdown | SetThreads
+ToWorker = (
+    Generate | CountTokens | Tokenize | Detokenize | Logits | Embed | Rerank | Warmup | Cancel | Shutdown | SetThreads
+)
 
 
 class Ready(msgspec.Struct, tag="ready", array_like=True, omit_defaults=True):
@@ -263,6 +285,22 @@ class TokenCount(msgspec.Struct, tag="token_count", array_like=True):
     n_tokens: int
 
 
+class TokenList(msgspec.Struct, tag="token_list", array_like=True):
+    """The answer to Tokenize; `pieces` (one per token, raw bytes: a piece may be part of a UTF-8
+    character) only when asked for."""
+
+    req_id: int
+    tokens: list[int]
+    pieces: list[bytes] = []
+
+
+class Text(msgspec.Struct, tag="text", array_like=True):
+    """The answer to Detokenize, as bytes: ids may end inside a UTF-8 character."""
+
+    req_id: int
+    content: bytes
+
+
 class LogitRows(msgspec.Struct, tag="logit_rows", array_like=True):
     """The answer to Logits, as raw little-endian arrays (a full-vocabulary row is 49k floats;
     msgpack would spend a byte of tag on each): `logits` float32 [n_rows x (top_n or vocab)],
@@ -303,7 +341,19 @@ class Scores(msgspec.Struct, tag="scores", array_like=True):
 
 
 FromWorker = (
-    Ready | Started | Delta | LogprobDelta | Done | Failed | TokenCount | LogitRows | Embeddings | Scores | Dying
+    Ready
+    | Started
+    | Delta
+    | LogprobDelta
+    | Done
+    | Failed
+    | TokenCount
+    | TokenList
+    | Text
+    | LogitRows
+    | Embeddings
+    | Scores
+    | Dying
 )
 
 

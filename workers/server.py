@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import sys
 import time
+from typing import cast
 
 import msgspec
 import structlog
@@ -20,6 +21,7 @@ import zmq
 from protocol.wire import (
     Cancel,
     CountTokens,
+    Detokenize,
     Done,
     Dying,
     Embed,
@@ -31,10 +33,13 @@ from protocol.wire import (
     Rerank,
     SetThreads,
     Shutdown,
+    Text,
+    Tokenize,
+    TokenList,
     Warmup,
     worker_codec,
 )
-from workers.engines import TASKS, Engine, EngineError
+from workers.engines import TASKS, Engine, EngineError, Tokenizes
 
 log = structlog.get_logger("worker")
 
@@ -101,6 +106,8 @@ class WorkerServer:
                     log.exception("request refused by an error in the worker", error=repr(exc))
                     self.send(Failed(msg.req_id, ErrorKind.ENGINE,
                                      f"the worker failed this request ({type(exc).__name__})"))  # fmt: skip
+            case Tokenize() | Detokenize():
+                self._tokens(msg)
             case Cancel():
                 self.engine.cancel(msg.req_id, self.send)
             case Warmup():
@@ -109,6 +116,25 @@ class WorkerServer:
                 self.engine.set_threads(msg.n)
             case Shutdown():
                 self.running = False
+
+    def _tokens(self, msg: Tokenize | Detokenize) -> None:
+        """Answered at once, between decode steps: tokenizing is quick and the gateway bounds the
+        text, so nothing is queued behind the running generations."""
+        engine = cast("Tokenizes", self.engine)
+        if not hasattr(engine, "tokenize"):
+            self.send(Failed(msg.req_id, ErrorKind.UNSUPPORTED, "this model has no tokenizer"))
+            return
+        try:
+            if isinstance(msg, Tokenize):
+                ids = engine.tokenize(msg.content, add_special=msg.add_special, parse_special=msg.parse_special)
+                self.send(TokenList(msg.req_id, ids, engine.pieces(ids) if msg.with_pieces else []))
+            else:
+                self.send(Text(msg.req_id, engine.detokenize(msg.tokens)))
+        except EngineError as exc:
+            self.send(exc.failed(msg.req_id))
+        except Exception as exc:
+            log.exception("request refused by an error in the worker", error=repr(exc))
+            self.send(Failed(msg.req_id, ErrorKind.ENGINE, f"the worker failed this request ({type(exc).__name__})"))
 
     def close(self) -> None:
         self.pull.close(0)

@@ -41,6 +41,7 @@ from protocol.wire import (
     Cancel,
     CountTokens,
     Delta,
+    Detokenize,
     Done,
     Dying,
     Embed,
@@ -55,7 +56,10 @@ from protocol.wire import (
     SetThreads,
     Shutdown,
     Started,
+    Text,
     TokenCount,
+    Tokenize,
+    TokenList,
     ToWorker,
     Warmup,
     gateway_codec,
@@ -64,8 +68,8 @@ from protocol.wire import (
 log = structlog.get_logger("gateway.worker")
 
 Streamed = Started | Delta | Done  # what a generation yields
-OneShot = CountTokens | Logits | Embed | Rerank  # requests answered with one reply
-Answer = TokenCount | LogitRows | Embeddings | Scores
+OneShot = CountTokens | Tokenize | Detokenize | Logits | Embed | Rerank  # requests answered with one reply
+Answer = TokenCount | TokenList | Text | LogitRows | Embeddings | Scores
 
 
 class WorkerSpec(msgspec.Struct, frozen=True, kw_only=True):

@@ -114,3 +114,17 @@ def test_a_query_too_long_for_the_model_is_refused_once_not_per_document(server:
     for model in (CROSS, ONNX_MODEL):
         r = rerank(server, model=model, query="word " * 20_000, documents=["d"] * 2048)
         assert r.status_code == 400 and "`query`" in r.json()["error"], (model, r.text[:300])
+
+
+@pytest.mark.parametrize("model", [ONNX_MODEL, GGUF_MODEL])
+def test_embedding_models_tokenize_as_their_tokenizer_does(server: ServerProcess, model: str) -> None:
+    tok = Tokenizer.from_file(str(st_dir() / "tokenizer.json"))
+    tok.no_truncation()
+    tok.no_padding()
+    want = tok.encode(QUERY)  # [CLS] ... [SEP]
+    r = httpx.post(
+        f"{server.base_url}/tokenize", json={"model": model, "content": QUERY, "add_special": True}, timeout=60
+    )
+    assert r.status_code == 200 and r.json()["tokens"] == want.ids, r.text
+    back = httpx.post(f"{server.base_url}/v1/detokenize", json={"model": model, "tokens": want.ids[1:-1]}, timeout=60)
+    assert back.status_code == 200 and back.json()["content"].strip() == QUERY.lower(), back.text

@@ -77,6 +77,20 @@ class Engine(Protocol):
     def close(self) -> None: ...
 
 
+class Tokenizes(Protocol):
+    """The engines whose model has a tokenizer (every one but the fake): /tokenize, /detokenize."""
+
+    def tokenize(self, text: str, *, add_special: bool, parse_special: bool) -> list[int]: ...
+
+    def pieces(self, tokens: list[int]) -> list[bytes]:
+        """Each token's own bytes (a piece may be part of a UTF-8 character)."""
+        ...
+
+    def detokenize(self, tokens: list[int]) -> bytes:
+        """The text of `tokens`, special tokens rendered; EngineError for an id not in the vocabulary."""
+        ...
+
+
 class EngineOptions(Protocol):
     model_path: str
     compute: str

@@ -111,6 +111,34 @@ def piece(
     return buf.raw[: max(n, 0)]
 
 
+def check_ids(vocab: ctypes.c_void_p, tokens: list[int], field: str = "tokens") -> None:
+    n_vocab = L.llama_vocab_n_tokens(vocab)
+    bad = next((t for t in tokens if not 0 <= t < n_vocab), None)
+    if bad is not None:
+        raise EngineError(f"`{field}`: token id {bad} is not in the vocabulary (0..{n_vocab - 1})")
+
+
+def detokenize(vocab: ctypes.c_void_p, tokens: list[int]) -> bytes:
+    """llama.cpp's own detokenizer (it knows the tokenizer's spacing rules), special tokens rendered."""
+    check_ids(vocab, tokens)
+    if not tokens:
+        return b""
+    ids = (L.llama_token * len(tokens))(*tokens)
+    cap = 16 * len(tokens) + 64
+    for _ in range(2):
+        buf = ctypes.create_string_buffer(cap)
+        n = L.llama_detokenize(vocab, ids, len(tokens), buf, cap, False, True)
+        if n >= 0:
+            return buf.raw[:n]
+        cap = -n
+    raise EngineError("llama.cpp could not detokenize the ids", kind=ErrorKind.ENGINE)
+
+
+def pieces(vocab: ctypes.c_void_p, tokens: list[int]) -> list[bytes]:
+    buf = ctypes.create_string_buffer(256)
+    return [piece(vocab, t, True, buf) for t in tokens]
+
+
 def meta(model: ctypes.c_void_p, key: str) -> str | None:
     buf = ctypes.create_string_buffer(1 << 16)
     n = L.llama_model_meta_val_str(model, key.encode(), buf, len(buf))

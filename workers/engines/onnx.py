@@ -372,6 +372,22 @@ class OnnxEngine(QueuedEngine):
     def set_threads(self, n: int) -> None:
         pass  # onnxruntime fixes a session's threads when it is created; spinning is off instead
 
+    # ---- tokens (/tokenize, /detokenize) ------------------------------------------
+
+    def tokenize(self, text: str, *, add_special: bool, parse_special: bool) -> list[int]:
+        # The tokenizers library always reads its added (special) tokens in text.
+        return list(self.tokenizer.encode(text, add_special_tokens=add_special).ids)
+
+    def pieces(self, tokens: list[int]) -> list[bytes]:
+        return [(self.tokenizer.id_to_token(t) or "").encode() for t in tokens]
+
+    def detokenize(self, tokens: list[int]) -> bytes:
+        n_vocab = self.tokenizer.get_vocab_size(with_added_tokens=True)
+        bad = next((t for t in tokens if not 0 <= t < n_vocab), None)
+        if bad is not None:
+            raise EngineError(f"`tokens`: token id {bad} is not in the vocabulary (0..{n_vocab - 1})")
+        return self.tokenizer.decode(tokens, skip_special_tokens=False).encode()
+
     def close(self) -> None:
         self._npu_sessions.clear()
 
