@@ -26,6 +26,9 @@ MAX_TOOLS = 128  # OpenAI's own limit
 MAX_STOP = 16  # stop strings are searched at every token
 MAX_STOP_CHARS = 1024
 MAX_LOGIT_BIAS = 1024  # OpenAI allows 300
+# Draft models a worker keeps loaded for speculative requests (each for the worker's life),
+# counted in its memory estimate by the gateway.
+MAX_DRAFT_MODELS = 2
 # `keep_alive`: seconds a worker stays loaded after its last request; negative, until evicted or
 # stopped. A week at most: a finite float, so "1e400" (infinity) is a 400 and not a pinned model.
 MAX_KEEP_ALIVE_S = 7 * 24 * 3600

@@ -36,13 +36,11 @@ from gateway.supervisor.memory import (
 )
 from gateway.supervisor.states import State
 from protocol.keys import WorkerKey
+from protocol.limits import MAX_DRAFT_MODELS
 
 log = structlog.get_logger("gateway.supervisor.pool")
 
 CAPACITY_WAIT_S = 60.0
-
-
-MAX_DRAFTS_COUNTED = 2  # a worker's draft models (workers/engines/llama/speculation.py MAX_DRAFT_MODELS)
 
 
 def default_parallel(nctx: int) -> int:
@@ -205,7 +203,7 @@ class WorkerPool:
     def add_draft(self, handle: WorkerHandle, path: str) -> None:
         """A draft model the worker loads for a request, counted in its memory from then on (it
         stays loaded for the worker's life; the worker holds a few at most)."""
-        if path and path not in handle.drafts and len(handle.drafts) < MAX_DRAFTS_COUNTED:
+        if path and path not in handle.drafts and len(handle.drafts) < MAX_DRAFT_MODELS:
             handle.drafts.add(path)
             kv_tokens = handle.key.nctx * handle.spec.parallel
             self._estimates[handle.key] = self._estimates.get(handle.key, 0) + estimate_worker_bytes(path, kv_tokens)

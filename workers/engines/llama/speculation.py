@@ -20,6 +20,7 @@ from collections.abc import Callable, Iterable
 import llama_cpp as L
 import structlog
 
+from protocol.limits import MAX_DRAFT_MODELS
 from protocol.wire import DRAFT_MODEL_SPEC_TYPES, Speculation
 from workers.engines import EngineError
 from workers.engines.llama.draft_model import DraftModel, SpecState
@@ -28,7 +29,6 @@ from workers.engines.llama.slots import Slot
 
 log = structlog.get_logger("worker.llama")
 
-MAX_DRAFT_MODELS = 2  # per worker; they are unloaded with it
 Take = Callable[[Slot, int, int], bool]  # (slot, token, row) -> still generating
 
 
