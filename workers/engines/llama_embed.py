@@ -31,12 +31,11 @@ from workers.embedding_jobs import (
 from workers.engines import EngineError, EngineOptions
 from workers.engines.llama_runtime import (
     Threads,
+    VocabTokens,
     default_threads,
-    detokenize,
     gpu_layers,
     init_backend,
     load_model,
-    pieces,
     put,
     ready,
     tokenize,
@@ -51,7 +50,7 @@ POOLING_NAMES = {L.LLAMA_POOLING_TYPE_NONE: "none", L.LLAMA_POOLING_TYPE_MEAN: "
                  L.LLAMA_POOLING_TYPE_RANK: "rank"}  # fmt: skip
 
 
-class LlamaEmbedEngine(QueuedEngine):
+class LlamaEmbedEngine(QueuedEngine, VocabTokens):
     name = "llama_cpp"
     serves = (Embed, Rerank)
 
@@ -214,17 +213,6 @@ class LlamaEmbedEngine(QueuedEngine):
 
     def idle(self) -> None:
         self.threads.idle()
-
-    # ---- tokens (/tokenize, /detokenize) ------------------------------------------
-
-    def tokenize(self, text: str, *, add_special: bool, parse_special: bool) -> list[int]:
-        return tokenize(self.vocab, text, add_special=add_special, parse_special=parse_special)
-
-    def pieces(self, tokens: list[int]) -> list[bytes]:
-        return pieces(self.vocab, tokens)
-
-    def detokenize(self, tokens: list[int]) -> bytes:
-        return detokenize(self.vocab, tokens)
 
     def close(self) -> None:
         L.llama_batch_free(self.batch)

@@ -139,6 +139,21 @@ def pieces(vocab: ctypes.c_void_p, tokens: list[int]) -> list[bytes]:
     return [piece(vocab, t, True, buf) for t in tokens]
 
 
+class VocabTokens:
+    """/tokenize and /detokenize for an engine that holds a llama.cpp vocabulary (`self.vocab`)."""
+
+    vocab: ctypes.c_void_p
+
+    def tokenize(self, text: str, *, add_special: bool, parse_special: bool) -> list[int]:
+        return tokenize(self.vocab, text, add_special=add_special, parse_special=parse_special)
+
+    def pieces(self, tokens: list[int]) -> list[bytes]:
+        return pieces(self.vocab, tokens)
+
+    def detokenize(self, tokens: list[int]) -> bytes:
+        return detokenize(self.vocab, tokens)
+
+
 def meta(model: ctypes.c_void_p, key: str) -> str | None:
     buf = ctypes.create_string_buffer(1 << 16)
     n = L.llama_model_meta_val_str(model, key.encode(), buf, len(buf))

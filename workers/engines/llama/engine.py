@@ -52,14 +52,13 @@ from workers.engines.llama.slots import Queued, Slot, Slots
 from workers.engines.llama.speculation import Speculator
 from workers.engines.llama_runtime import (
     Threads,
+    VocabTokens,
     default_threads,
-    detokenize,
     gpu_layers,
     init_backend,
     load_model,
     meta,
     piece,
-    pieces,
     put,
     ready,
     slot_context,
@@ -74,7 +73,7 @@ N_BATCH = 512  # tokens per decode step, decode tokens first, then prompt chunks
 TENTATIVE_BATCH = 64
 
 
-class LlamaEngine:
+class LlamaEngine(VocabTokens):
     name = "llama_cpp"
     serves = (Generate, CountTokens, Logits)
 
@@ -169,17 +168,6 @@ class LlamaEngine:
 
     def idle(self) -> None:
         self.threads.idle()
-
-    # ---- tokens (/tokenize, /detokenize) ------------------------------------------
-
-    def tokenize(self, text: str, *, add_special: bool, parse_special: bool) -> list[int]:
-        return tokenize(self.vocab, text, add_special=add_special, parse_special=parse_special)
-
-    def pieces(self, tokens: list[int]) -> list[bytes]:
-        return pieces(self.vocab, tokens)
-
-    def detokenize(self, tokens: list[int]) -> bytes:
-        return detokenize(self.vocab, tokens)
 
     def close(self) -> None:
         for slot in self.slots:
