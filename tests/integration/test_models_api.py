@@ -28,8 +28,8 @@ def test_every_model_says_what_it_is_and_whether_it_is_loaded(server: ServerProc
     assert one["size"] > 50_000_000
     post(server, "/v1/chat/completions", {"model": MODEL, "messages": [{"role": "user", "content": "hi"}],
                                           "max_tokens": 1})  # fmt: skip
-    loaded = models(server)[MODEL]["loaded"]
-    assert [(r["compute"], r["nctx"]) for r in loaded] == [("cpu", 2048)] and loaded[0]["pid"] > 0
+    loaded = models(server)[MODEL]["loaded"]  # the shared server: other tests' workers may be there too
+    assert ("cpu", 2048) in [(r["compute"], r["nctx"]) for r in loaded] and all(r["pid"] > 0 for r in loaded)
 
 
 def test_load_and_unload_are_explicit_idempotent_and_never_cut_an_answer(start) -> None:  # type: ignore[no-untyped-def]
@@ -77,12 +77,14 @@ def test_load_and_unload_are_explicit_idempotent_and_never_cut_an_answer(start) 
 def test_nctx_zero_is_the_server_default_and_compute_is_any_case(server: ServerProcess) -> None:
     """The spec's own example sends `nctx: 0`."""
     hi = [{"role": "user", "content": "hi"}]
+    post(server, "/v1/chat/completions", {"model": MODEL, "messages": hi, "max_tokens": 1})
+    before = {(w["nctx"], w["pid"]) for w in httpx.get(f"{server.base_url}/v1/workers", timeout=10).json()["data"]}
     r = post(server, "/v1/chat/completions", {"model": MODEL, "messages": hi, "max_tokens": 1, "nctx": 0,
                                               "compute": "CPU"})  # fmt: skip
     assert r.status_code == 200, r.text
     r = post(server, "/v1/logits", {"model": MODEL, "input_ids": [1, 2], "nctx": 0, "compute": "Cpu"})
     assert r.status_code == 200, r.text
-    nctxs = {w["nctx"] for w in httpx.get(f"{server.base_url}/v1/workers", timeout=10).json()["data"]}
-    assert nctxs == {2048}, "no worker was started for nctx 0"
+    after = {(w["nctx"], w["pid"]) for w in httpx.get(f"{server.base_url}/v1/workers", timeout=10).json()["data"]}
+    assert after == before and 2048 in {n for n, _ in after}, "nctx 0 went to the default (2048) worker"
     bad = post(server, "/v1/chat/completions", {"model": MODEL, "messages": hi, "compute": "tpu"})
     assert bad.status_code == 400 and "`compute`" in bad.json()["error"]
