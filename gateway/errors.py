@@ -33,6 +33,12 @@ class ModelNotFound(GenieXError):
     status = 404
 
 
+class NotFound(GenieXError):
+    """Something the request names by id that the server does not hold (a stored response)."""
+
+    status = 404
+
+
 class Conflict(GenieXError):
     """The request contradicts what is running now (unloading a model that is serving)."""
 

@@ -20,13 +20,14 @@ from litestar.middleware import DefineMiddleware
 from litestar.plugins import PluginProtocol
 from litestar.plugins.core import MsgspecDIPlugin
 
-from gateway.api import chat, completions, embeddings, health, logits, messages, models, ops, tokens
+from gateway.api import chat, completions, embeddings, health, logits, messages, models, ops, responses, tokens
 from gateway.api.auth import ApiKeyAuth
 from gateway.api.error_body import error_body
 from gateway.api.guards import LOOPBACK_NAMES, BrowserGuard
 from gateway.api.lifecycle import DrainMiddleware, Lifecycle
 from gateway.api.request_id import RequestIdMiddleware
 from gateway.api.services import Services, provide_services
+from gateway.chat.response_store import ResponseStore
 from gateway.errors import GenieXError
 from gateway.models.store import ModelStore
 from gateway.ops.keys import KeyFileError, KeyRing
@@ -146,7 +147,7 @@ def create_app(settings: Settings, lifecycle: Lifecycle | None = None, keys: Key
         if swept := store.sweep_partial():
             log.info("removed downloads that a stopped pull left behind", paths=[str(p) for p in swept])
         ledger = Ledger(settings.data_dir)
-        app.state.services = Services(settings, store, pool, ledger, metrics, lifecycle, limiter)
+        app.state.services = Services(settings, store, pool, ledger, metrics, lifecycle, limiter, ResponseStore())
         metrics.watch(pool, limiter)
         pool.start()
         _reload_keys_on_sighup(keys)
@@ -189,6 +190,7 @@ def create_app(settings: Settings, lifecycle: Lifecycle | None = None, keys: Key
         route_handlers=[
             *chat.handlers,
             *messages.handlers,
+            *responses.handlers,
             *completions.handlers,
             *logits.handlers,
             *embeddings.handlers,

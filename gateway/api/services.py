@@ -15,6 +15,7 @@ from litestar.datastructures import State
 from litestar.di import NamedDependency
 
 from gateway.api.lifecycle import Lifecycle
+from gateway.chat.response_store import ResponseStore
 from gateway.errors import BadRequest
 from gateway.models.store import ModelEntry, ModelStore
 from gateway.ops.accounting import Accounting
@@ -37,6 +38,7 @@ class Services:
     metrics: Metrics
     lifecycle: Lifecycle
     limiter: KeyLimiter
+    responses: ResponseStore  # recent /v1/responses answers, for previous_response_id
 
     def accounting(self, model: str, caller: str, user: str | None) -> Accounting:
         """A request's metrics, ledger entry and tokens against its key's limits (`caller`: the API

@@ -1,0 +1,274 @@
+"""The OpenAI Responses dialect, translated at the edge: a `/v1/responses` request becomes the
+same ChatRequest (so the same ChatPlan and the same decode path) as `/v1/chat/completions`; the
+answer's pieces become output items (gateway/chat/responses_events.py).
+
+Every refusal names the Responses field (`input[2].content[0]`), not the chat field it maps to.
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+import msgspec
+
+from gateway.chat.constraints import bounded_schema
+from gateway.chat.convert import fits_wire
+from gateway.errors import BadRequest
+from protocol import chat
+from protocol import responses as r
+
+_NO_VISION = "this server's chat models read text only (no vision), so {kind} parts cannot be read"
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}_{uuid.uuid4().hex[:24]}"
+
+
+# ---- input items -----------------------------------------------------------------
+
+
+def input_items(raw: str | list[dict[str, Any]]) -> list[r.InputItem]:
+    """The request's `input` as typed items: a string is one user message; a message item may
+    leave `type` out (OpenAI's easy input message)."""
+    if isinstance(raw, str):
+        return [r.MessageItem(role="user", content=raw)]
+    items: list[r.InputItem] = []
+    for i, obj in enumerate(raw):
+        if "type" not in obj and "role" in obj:
+            obj = {**obj, "type": "message"}
+        try:
+            items.append(msgspec.convert(obj, r.InputItem))
+        except msgspec.ValidationError as exc:
+            # msgspec ends its message with the path inside the item: "... - at `$.content[0].text`".
+            message, _, at = str(exc).partition(" - at `$")
+            path = at.rstrip("`")
+            if path == ".type" and message.startswith("Invalid value"):
+                message += "; this server reads message, function_call, function_call_output and reasoning items"
+            raise BadRequest(f"`input[{i}]{path}`: {message}") from None
+    return items
+
+
+def _text_of(where: str, content: str | list[r.ContentPart]) -> str:
+    """A message's or a call output's text; adjacent parts are one turn's paragraphs."""
+    if isinstance(content, str):
+        return content
+    texts: list[str] = []
+    for j, part in enumerate(content):
+        if isinstance(part, r.InputText | r.OutputText):
+            texts.append(part.text)
+        elif isinstance(part, r.Refusal):
+            texts.append(part.refusal)
+        else:
+            kind = part.__struct_config__.tag
+            raise BadRequest(f"`{where}[{j}]`: " + _NO_VISION.format(kind=kind))
+    return "\n".join(texts)
+
+
+_ORDER = {"reasoning": 0, "text": 1, "call": 2}  # within one assistant turn
+
+
+class _Turns:
+    """Items into chat messages. An assistant's reasoning, text and calls arrive as separate
+    items (in that order within a turn) and become one assistant message; a piece that comes
+    out of that order starts the next assistant message."""
+
+    def __init__(self) -> None:
+        self.out: list[chat.ChatMessage] = []
+        self.reasoning: list[str] = []
+        self.text: list[str] = []
+        self.calls: list[chat.ToolCall] = []
+        self.last = -1  # the order of the latest piece of the assistant turn being built
+
+    def assistant(self, kind: str) -> None:
+        order = _ORDER[kind]
+        if order < self.last or (order == self.last and kind != "call"):
+            self.flush()
+        self.last = order
+
+    def flush(self) -> None:
+        if self.last >= 0:
+            self.out.append(chat.ChatMessage(role="assistant", content="\n".join(self.text),
+                                             tool_calls=self.calls or None,
+                                             reasoning_content="\n".join(self.reasoning) or None))  # fmt: skip
+        self.reasoning, self.text, self.calls, self.last = [], [], [], -1
+
+    def add(self, i: int, item: r.InputItem) -> None:
+        where = f"input[{i}]"
+        if isinstance(item, r.MessageItem):
+            text = _text_of(f"{where}.content", item.content)
+            if item.role == "assistant":
+                self.assistant("text")
+                self.text.append(text)
+            else:
+                self.flush()
+                self.out.append(chat.ChatMessage(role=item.role, content=text))
+        elif isinstance(item, r.ReasoningItem):
+            self.assistant("reasoning")
+            parts = item.content if item.content else item.summary
+            self.reasoning.append("\n".join(p.text for p in parts))
+        elif isinstance(item, r.FunctionCallItem):
+            self.assistant("call")
+            self.calls.append(chat.ToolCall(id=item.call_id,
+                                            function=chat.FunctionCall(name=item.name, arguments=item.arguments)))  # fmt: skip
+        else:
+            self.flush()
+            text = _text_of(f"{where}.output", item.output)
+            self.out.append(chat.ChatMessage(role="tool", content=text, tool_call_id=item.call_id))
+
+
+def chat_messages(items: list[r.InputItem]) -> list[chat.ChatMessage]:
+    turns = _Turns()
+    for i, item in enumerate(items):
+        turns.add(i, item)
+    turns.flush()
+    return turns.out
+
+
+def answer_message(output: list[r.OutputItem]) -> chat.ChatMessage:
+    """A response's output as the assistant turn a later request continues from."""
+    turns = _Turns()
+    for item in output:
+        if isinstance(item, r.Reasoning):
+            turns.assistant("reasoning")
+            turns.reasoning.append("\n".join(p.text for p in item.content))
+        elif isinstance(item, r.OutputMessage):
+            turns.assistant("text")
+            turns.text.append("".join(p.text for p in item.content))
+        else:
+            turns.assistant("call")
+            turns.calls.append(chat.ToolCall(id=item.call_id,
+                                             function=chat.FunctionCall(name=item.name, arguments=item.arguments)))  # fmt: skip
+    if turns.last < 0:  # an answer with no output at all is still one (empty) turn
+        turns.assistant("text")
+    turns.flush()
+    return turns.out[0]
+
+
+# ---- settings --------------------------------------------------------------------
+
+
+def _tools(tools: list[r.FunctionTool] | None) -> list[chat.Tool] | None:
+    if not tools:
+        return None
+    out = []
+    for i, t in enumerate(tools):
+        if t.type != "function":
+            raise BadRequest(f"`tools[{i}].type`: {t.type[:64]!r} is one of OpenAI's hosted tools; this server "
+                             "runs function tools only (`type: function`, `name`, `parameters`)")  # fmt: skip
+        if t.name is None:
+            raise BadRequest(f"`tools[{i}].name`: a required field is missing")
+        schema = None if t.parameters is None else bounded_schema(t.parameters, f"tools[{i}].parameters")
+        if not fits_wire(schema):
+            raise BadRequest(f"`tools[{i}].parameters`: holds an integer beyond 64 bits or nests too deeply")
+        out.append(chat.Tool(function=chat.FunctionDef(name=t.name, description=t.description, parameters=schema,
+                                                       strict=t.strict)))  # fmt: skip
+    return out
+
+
+def _tool_choice(choice: r.ToolChoice | None, tools: list[chat.Tool] | None) -> str | dict[str, Any] | None:
+    if choice is None:
+        return None
+    forced = isinstance(choice, r.ToolChoiceFunction) or choice == "required"
+    if not tools:
+        if forced:
+            raise BadRequest("`tool_choice`: `required` or a named function needs `tools`")
+        return None  # auto or none, with nothing to choose from: plain text either way
+    if isinstance(choice, r.ToolChoiceFunction):
+        if choice.name not in {t.function.name for t in tools}:
+            raise BadRequest(f"`tool_choice.name`: no function named {choice.name[:128]!r} in `tools`")
+        return {"type": "function", "function": {"name": choice.name}}
+    return choice
+
+
+def _response_format(text: r.TextConfig | None) -> dict[str, Any] | None:
+    """`text.format` becomes the chat's response_format (the same grammar path)."""
+    fmt = text.format if text is not None else None
+    if isinstance(fmt, r.FormatJsonSchema):
+        schema = bounded_schema(fmt.schema, "text.format.schema")
+        return {"type": "json_schema", "json_schema": {"name": fmt.name, "schema": schema}}
+    if isinstance(fmt, r.FormatJsonObject):
+        return {"type": "json_object"}
+    return None
+
+
+def _thinks(reasoning: r.ReasoningConfig | None) -> bool | None:
+    """Whether the template is told to think: `effort: none` says no, another effort yes;
+    without `reasoning`, the template's own default."""
+    if reasoning is None or reasoning.effort is None:
+        return None
+    return reasoning.effort != "none"
+
+
+def chat_request(req: r.ResponsesRequest, history: list[chat.ChatMessage]) -> tuple[chat.ChatRequest, list[chat.ChatMessage]]:  # fmt: skip
+    """The chat request a Responses request means, after `history` (the conversation of its
+    `previous_response_id`), and the conversation without `instructions`: what a later request
+    continues from. Instructions are not carried over, as at OpenAI."""
+    conversation = [*history, *chat_messages(input_items(req.input))]
+    system = [chat.ChatMessage(role="system", content=req.instructions)] if req.instructions else []
+    tools = _tools(req.tools)
+    choice = _tool_choice(req.tool_choice, tools)
+    response_format = _response_format(req.text)
+    if response_format is not None and tools and choice is not None and choice not in ("auto", "none"):
+        # Both would constrain the output with a grammar, and one answer follows one grammar.
+        raise BadRequest("`text.format`, `tool_choice`: only one output constraint per request")
+    chat_req = chat.ChatRequest(
+        model=req.model,
+        messages=[*system, *conversation],
+        tools=tools,
+        tool_choice=choice,
+        max_completion_tokens=req.max_output_tokens,
+        temperature=req.temperature,
+        top_p=req.top_p,
+        response_format=response_format,
+        # Reasoning is always split into reasoning items: a Responses client never reads `<think>`
+        # in its output text (chat ignores the split for tool-call requests, and so does this).
+        reasoning_format="deepseek",
+        enable_think=_thinks(req.reasoning),
+        user=req.user,
+        stream=req.stream,
+        nctx=req.nctx,
+        compute=req.compute,
+        keep_alive=req.keep_alive,
+        cache_salt=req.cache_salt,
+    )
+    return chat_req, conversation
+
+
+# ---- the response --------------------------------------------------------------
+
+
+def skeleton(req: r.ResponsesRequest, response_id: str, created_at: int, model: str,
+             temperature: float, top_p: float) -> r.Response:  # fmt: skip
+    """The response before any output: the request's settings echoed (`temperature`, `top_p`: the
+    values sampling uses)."""
+    tools = [r.FunctionToolOut(name=t.name or "", parameters=t.parameters, strict=t.strict, description=t.description)
+             for t in req.tools or []]  # fmt: skip
+    return r.Response(
+        id=response_id,
+        created_at=created_at,
+        status="in_progress",
+        instructions=req.instructions,
+        max_output_tokens=req.max_output_tokens,
+        model=model,
+        output=[],
+        parallel_tool_calls=req.parallel_tool_calls,
+        previous_response_id=req.previous_response_id,
+        reasoning=req.reasoning,
+        store=req.store,
+        temperature=temperature,
+        text=req.text or r.TextConfig(),
+        tool_choice=req.tool_choice or "auto",
+        tools=tools,
+        top_p=top_p,
+        user=req.user,
+        metadata=req.metadata or {},
+    )
+
+
+def usage_of(u: chat.Usage, reasoning_tokens: int) -> r.Usage:
+    cached = u.prompt_tokens_details.cached_tokens if u.prompt_tokens_details else 0
+    return r.Usage(input_tokens=u.prompt_tokens, input_tokens_details=r.InputTokensDetails(cached_tokens=cached),
+                   output_tokens=u.completion_tokens,
+                   output_tokens_details=r.OutputTokensDetails(reasoning_tokens=min(reasoning_tokens, u.completion_tokens)),
+                   total_tokens=u.total_tokens)  # fmt: skip

@@ -1,0 +1,156 @@
+"""The answer as Responses output items, built piece by piece, with the stream events that tell it.
+
+The chat shaper's pieces (reasoning, content, tool-call fragments) open, extend and close items:
+a `reasoning` item, a `message` item with one `output_text` part, a `function_call` item per
+call, in the order the model writes them. The non-streamed answer is built by the same object
+(its events unused), so a stream's events always add up to the non-streamed response.
+"""
+
+from __future__ import annotations
+
+import time
+
+import msgspec
+
+from gateway.chat.responses import new_id, usage_of
+from protocol import chat
+from protocol import responses as r
+
+
+class OutputStream:
+    def __init__(self, response: r.Response) -> None:
+        """`response`: the skeleton (id, model, the request's settings), status in_progress."""
+        self.response = response
+        self.seq = 0
+        self.items: list[r.OutputItem] = []  # closed items
+        self.kind = ""  # the open item: "reasoning", "message" or "function_call"; "": none
+        self.item_id = ""
+        self.call_id = ""
+        self.name = ""
+        self.chunks: list[str] = []  # the open item's text (or arguments) so far
+        # Reasoning tokens: the worker counts tokens, not which side of a reasoning split they fell
+        # on. Tokens are assigned as their text is released, by characters where one piece holds both.
+        self.reasoning_tokens = 0
+        self._counted = 0  # tokens already assigned
+
+    def _n(self) -> int:
+        self.seq += 1
+        return self.seq - 1
+
+    @property
+    def index(self) -> int:
+        return len(self.items)
+
+    def start(self) -> list[r.StreamEvent]:
+        return [r.Created(self._n(), self.response), r.InProgress(self._n(), self.response)]
+
+    # ---- items -------------------------------------------------------------------
+
+    def _open(self, kind: str, out: list[r.StreamEvent], call_id: str = "", name: str = "") -> None:
+        self._close("completed", out)
+        self.kind, self.chunks = kind, []
+        i = self.index
+        if kind == "message":
+            self.item_id = new_id("msg")
+            item: r.OutputItem = r.OutputMessage(id=self.item_id, status="in_progress", content=[])
+            out.append(r.ItemAdded(self._n(), i, item))
+            out.append(r.PartAdded(self._n(), self.item_id, i, 0, r.OutputText(text="")))
+        elif kind == "reasoning":
+            self.item_id = new_id("rs")
+            out.append(r.ItemAdded(self._n(), i, r.Reasoning(id=self.item_id, status="in_progress")))
+            out.append(r.PartAdded(self._n(), self.item_id, i, 0, r.ReasoningText(text="")))
+        else:
+            self.item_id = "fc_" + call_id.removeprefix("call_")
+            self.call_id, self.name = call_id, name
+            item = r.FunctionCall(id=self.item_id, call_id=call_id, name=name, arguments="", status="in_progress")
+            out.append(r.ItemAdded(self._n(), i, item))
+
+    def _close(self, status: r.ItemStatus, out: list[r.StreamEvent]) -> None:
+        if not self.kind:
+            return
+        i, text = self.index, "".join(self.chunks)
+        item: r.OutputItem
+        if self.kind == "message":
+            part = r.OutputText(text=text)
+            out.append(r.TextDone(sequence_number=self._n(), item_id=self.item_id, output_index=i, content_index=0,
+                                  text=text))  # fmt: skip
+            out.append(r.PartDone(self._n(), self.item_id, i, 0, part))
+            item = r.OutputMessage(id=self.item_id, status=status, content=[part])
+        elif self.kind == "reasoning":
+            out.append(r.ReasoningDone(self._n(), self.item_id, i, 0, text))
+            out.append(r.PartDone(self._n(), self.item_id, i, 0, r.ReasoningText(text)))
+            item = r.Reasoning(id=self.item_id, content=[r.ReasoningText(text)], status=status)
+        else:
+            out.append(r.ArgumentsDone(self._n(), self.item_id, i, text))
+            item = r.FunctionCall(id=self.item_id, call_id=self.call_id, name=self.name, arguments=text, status=status)
+        out.append(r.ItemDone(self._n(), i, item))
+        self.items.append(item)
+        self.kind = ""
+
+    # ---- pieces ------------------------------------------------------------------
+
+    def text(self, text: str) -> list[r.StreamEvent]:
+        """Plain text (no tools, nothing to split), without building a ChunkDelta: the common case."""
+        out: list[r.StreamEvent] = []
+        if self.kind != "message":
+            self._open("message", out)
+        self.chunks.append(text)
+        out.append(r.TextDelta(sequence_number=self._n(), item_id=self.item_id, output_index=self.index,
+                               content_index=0, delta=text))  # fmt: skip
+        return out
+
+    def feed(self, delta: chat.ChunkDelta, n_tokens: int) -> list[r.StreamEvent]:
+        """A shaped piece of the answer; `n_tokens`: the answer's tokens so far (the worker's count)."""
+        out: list[r.StreamEvent] = []
+        if delta.reasoning_content:
+            if self.kind != "reasoning":
+                self._open("reasoning", out)
+            self.chunks.append(delta.reasoning_content)
+            out.append(r.ReasoningDelta(self._n(), self.item_id, self.index, 0, delta.reasoning_content))
+        if delta.content:
+            out.extend(self.text(delta.content))
+        for call in delta.tool_calls or []:
+            if call.id is not None:  # a new call: its id and name come first, then its arguments
+                self._open("function_call", out, call.id, call.function.name or "")
+            if call.function.arguments:
+                self.chunks.append(call.function.arguments)
+                out.append(r.ArgumentsDelta(self._n(), self.item_id, self.index, call.function.arguments))
+        self._count(delta, n_tokens)
+        return out
+
+    def _count(self, delta: chat.ChunkDelta, n_tokens: int) -> None:
+        new = n_tokens - self._counted
+        if new <= 0:
+            return
+        thought = len(delta.reasoning_content or "")
+        if not thought:
+            self._counted = n_tokens
+            return
+        said = len(delta.content or "") + sum(len(c.function.arguments or "") for c in delta.tool_calls or [])
+        self.reasoning_tokens += round(new * thought / (thought + said))
+        self._counted = n_tokens
+
+    # ---- the end -----------------------------------------------------------------
+
+    def finish(self, finish_reason: str, usage: chat.Usage) -> list[r.StreamEvent]:
+        """Close the open item and end the response: `response.completed`, or `response.incomplete`
+        when the answer was cut at `max_output_tokens` (its last item `incomplete`)."""
+        cut = finish_reason == "length"
+        out: list[r.StreamEvent] = []
+        self._close("incomplete" if cut else "completed", out)
+        self.response = msgspec.structs.replace(
+            self.response,
+            status="incomplete" if cut else "completed",
+            completed_at=None if cut else int(time.time()),
+            incomplete_details=r.IncompleteDetails("max_output_tokens") if cut else None,
+            output=self.items,
+            usage=usage_of(usage, self.reasoning_tokens),
+        )
+        out.append((r.Incomplete if cut else r.Completed)(self._n(), self.response))
+        return out
+
+    def fail(self, message: str) -> list[r.StreamEvent]:
+        """A stream that broke after its first event: `response.failed`, with what was made so far."""
+        self.response = msgspec.structs.replace(self.response, status="failed", output=self.items,
+                                                error=r.ResponseError("server_error", message))  # fmt: skip
+        return [r.Failed(self._n(), self.response)]

@@ -1,0 +1,411 @@
+"""`/v1/responses`: the OpenAI Responses API's request, input items, response, stream events.
+
+Only the wire shapes live here; `gateway/chat/responses.py` translates them to and from the chat
+plan, so there is one decode path. Unknown fields are ignored (clients send `include`,
+`truncation`, `prompt_cache_key`, `service_tier` and more); known ones are validated, so a bad
+value is a 400 naming the field. Items, parts and formats are tagged by their `type`, as OpenAI
+spells them.
+
+Input items are decoded in two steps: the request holds them as JSON objects, and
+`gateway/chat/responses.py` converts each into `InputItem`. A message item may leave its `type`
+out (OpenAI's "easy input message", which the Agents SDK sends), and a tagged union needs its tag.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+import msgspec
+from msgspec import Meta
+
+from protocol.chat import Compute
+from protocol.limits import MAX_MESSAGES, MAX_TOOLS, Count, KeepAlive, PositiveInt
+
+# ---- input items ---------------------------------------------------------------
+
+
+class InputText(msgspec.Struct, tag_field="type", tag="input_text"):
+    text: str
+
+
+class InputImage(msgspec.Struct, tag_field="type", tag="input_image", kw_only=True):
+    image_url: str | None = None
+    file_id: str | None = None
+    detail: str | None = None
+
+
+class InputFile(msgspec.Struct, tag_field="type", tag="input_file", kw_only=True):
+    file_id: str | None = None
+    file_data: str | None = None
+    filename: str | None = None
+
+
+class OutputText(msgspec.Struct, tag_field="type", tag="output_text", kw_only=True):
+    """An answer's text part, as a response carries it and as clients send earlier turns back."""
+
+    text: str
+    annotations: list[Any] = msgspec.field(default_factory=list)
+    logprobs: list[Any] = msgspec.field(default_factory=list)
+
+
+class Refusal(msgspec.Struct, tag_field="type", tag="refusal"):
+    refusal: str
+
+
+ContentPart = InputText | InputImage | InputFile | OutputText | Refusal
+
+Role = Literal["user", "assistant", "system", "developer"]
+ItemStatus = Literal["in_progress", "completed", "incomplete"]
+
+
+class MessageItem(msgspec.Struct, tag_field="type", tag="message", kw_only=True):
+    role: Role
+    content: str | list[ContentPart]
+    id: str | None = None
+    status: ItemStatus | None = None
+
+
+class FunctionCallItem(msgspec.Struct, tag_field="type", tag="function_call", kw_only=True):
+    call_id: Annotated[str, Meta(min_length=1, max_length=256)]
+    name: str
+    arguments: str
+    id: str | None = None
+    status: ItemStatus | None = None
+
+
+class FunctionCallOutputItem(msgspec.Struct, tag_field="type", tag="function_call_output", kw_only=True):
+    call_id: Annotated[str, Meta(min_length=1, max_length=256)]
+    output: str | list[ContentPart]
+    id: str | None = None
+    status: ItemStatus | None = None
+
+
+class SummaryText(msgspec.Struct, tag_field="type", tag="summary_text"):
+    text: str
+
+
+class ReasoningText(msgspec.Struct, tag_field="type", tag="reasoning_text"):
+    text: str
+
+
+class ReasoningItem(msgspec.Struct, tag_field="type", tag="reasoning", kw_only=True):
+    """The reasoning of an earlier turn; `encrypted_content` is OpenAI's, which no local model reads."""
+
+    id: str | None = None
+    summary: list[SummaryText] = msgspec.field(default_factory=list)
+    content: list[ReasoningText] | None = None
+    encrypted_content: str | None = None
+    status: ItemStatus | None = None
+
+
+InputItem = MessageItem | FunctionCallItem | FunctionCallOutputItem | ReasoningItem
+
+# ---- the request -------------------------------------------------------------
+
+
+class FunctionTool(msgspec.Struct, kw_only=True):
+    """A tool as the Responses API spells it: flat, `{type, name, description, parameters, strict}`.
+
+    `type` is a plain string so that OpenAI's hosted tools (`web_search`, `file_search`, ...) are
+    a 400 saying this server runs function tools only, not a decoding error."""
+
+    type: str
+    name: Annotated[str, Meta(min_length=1, max_length=128)] | None = None
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+
+class ToolChoiceFunction(msgspec.Struct, tag_field="type", tag="function"):
+    name: str
+
+
+ToolChoice = Literal["auto", "none", "required"] | ToolChoiceFunction
+
+
+class FormatText(msgspec.Struct, tag_field="type", tag="text"):
+    pass
+
+
+class FormatJsonObject(msgspec.Struct, tag_field="type", tag="json_object"):
+    pass
+
+
+class FormatJsonSchema(msgspec.Struct, tag_field="type", tag="json_schema", kw_only=True, omit_defaults=True):
+    name: Annotated[str, Meta(max_length=64)]
+    schema: dict[str, Any]
+    description: str | None = None
+    strict: bool | None = None
+
+
+TextFormat = FormatText | FormatJsonObject | FormatJsonSchema
+
+
+class TextConfig(msgspec.Struct, kw_only=True, omit_defaults=True):
+    format: TextFormat = msgspec.field(default_factory=FormatText)
+    verbosity: Literal["low", "medium", "high"] | None = None
+
+
+Effort = Literal["none", "minimal", "low", "medium", "high", "xhigh", "max"]
+
+
+class ReasoningConfig(msgspec.Struct, kw_only=True):
+    """Accepted and echoed; `effort: none` tells the template not to think (see the README)."""
+
+    effort: Effort | None = None
+    summary: Literal["auto", "concise", "detailed"] | None = None
+    generate_summary: Literal["auto", "concise", "detailed"] | None = None
+
+
+MetadataValue = Annotated[str, Meta(max_length=512)]
+Metadata = Annotated[dict[Annotated[str, Meta(max_length=64)], MetadataValue], Meta(max_length=16)]
+
+
+class ResponsesRequest(msgspec.Struct, kw_only=True):
+    model: str
+    # A string is one user message; a list holds items (messages, calls, call outputs, reasoning),
+    # converted one by one (see the module's docstring). Bounded as chat bounds `messages`.
+    input: str | Annotated[list[dict[str, Any]], Meta(max_length=MAX_MESSAGES)]
+    instructions: str | None = None
+    tools: Annotated[list[FunctionTool], Meta(max_length=MAX_TOOLS)] | None = None
+    tool_choice: ToolChoice | None = None
+    parallel_tool_calls: bool = True
+    max_output_tokens: PositiveInt | None = None
+    temperature: Annotated[float, Meta(ge=0, le=2)] | None = None
+    top_p: Annotated[float, Meta(ge=0, le=1)] | None = None
+    text: TextConfig | None = None
+    reasoning: ReasoningConfig | None = None
+    user: Annotated[str, Meta(max_length=256)] | None = None
+    stream: bool = False
+    store: bool = True
+    previous_response_id: Annotated[str, Meta(max_length=256)] | None = None
+    metadata: Metadata | None = None
+    # GenieX extensions, as on chat completions
+    nctx: Count | None = None  # 0 or absent: the server's --nctx, as on chat
+    compute: Compute | None = None
+    keep_alive: KeepAlive | None = None
+    cache_salt: Annotated[str, Meta(max_length=256)] | None = None
+
+
+# ---- the response --------------------------------------------------------------
+
+
+class OutputMessage(msgspec.Struct, tag_field="type", tag="message", kw_only=True):
+    id: str
+    status: ItemStatus
+    role: Literal["assistant"] = "assistant"
+    content: list[OutputText]
+
+
+class FunctionCall(msgspec.Struct, tag_field="type", tag="function_call", kw_only=True):
+    id: str
+    call_id: str
+    name: str
+    arguments: str
+    status: ItemStatus
+
+
+class Reasoning(msgspec.Struct, tag_field="type", tag="reasoning", kw_only=True):
+    """A model's own reasoning text goes in `content` (as gpt-oss's does); `summary` stays empty,
+    since nothing summarises it."""
+
+    id: str
+    summary: list[SummaryText] = msgspec.field(default_factory=list)
+    content: list[ReasoningText] = msgspec.field(default_factory=list)
+    status: ItemStatus
+
+
+OutputItem = Reasoning | OutputMessage | FunctionCall
+
+Status = Literal["in_progress", "completed", "incomplete", "failed"]
+
+
+class InputTokensDetails(msgspec.Struct):
+    cached_tokens: int = 0
+    cache_write_tokens: int = 0
+
+
+class OutputTokensDetails(msgspec.Struct):
+    reasoning_tokens: int = 0
+
+
+class Usage(msgspec.Struct):
+    """`input_tokens` is the whole prompt; `cached_tokens` the part whose KV was reused."""
+
+    input_tokens: int
+    input_tokens_details: InputTokensDetails
+    output_tokens: int
+    output_tokens_details: OutputTokensDetails
+    total_tokens: int
+
+
+class IncompleteDetails(msgspec.Struct):
+    reason: Literal["max_output_tokens"]
+
+
+class ResponseError(msgspec.Struct):
+    code: Literal["server_error"]
+    message: str
+
+
+class FunctionToolOut(msgspec.Struct, tag_field="type", tag="function", kw_only=True):
+    name: str
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+    description: str | None = None
+
+
+class Response(msgspec.Struct, kw_only=True):
+    """The response object, with the request's settings echoed as the SDKs' types expect them."""
+
+    id: str
+    object: Literal["response"] = "response"
+    created_at: int
+    status: Status
+    completed_at: int | None = None
+    error: ResponseError | None = None
+    incomplete_details: IncompleteDetails | None = None
+    instructions: str | None = None
+    max_output_tokens: int | None = None
+    model: str
+    output: list[OutputItem]
+    parallel_tool_calls: bool = True
+    previous_response_id: str | None = None
+    reasoning: ReasoningConfig | None = None
+    store: bool = True
+    temperature: float | None = None
+    text: TextConfig = msgspec.field(default_factory=TextConfig)
+    tool_choice: ToolChoice = "auto"
+    tools: list[FunctionToolOut] = msgspec.field(default_factory=list)
+    top_p: float | None = None
+    truncation: Literal["disabled"] = "disabled"
+    usage: Usage | None = None
+    user: str | None = None
+    metadata: dict[str, str] = msgspec.field(default_factory=dict)
+
+
+class Deleted(msgspec.Struct):
+    id: str
+    object: Literal["response"] = "response"
+    deleted: bool = True
+
+
+# ---- stream events -------------------------------------------------------------
+# Each event carries `sequence_number`, its place in the stream (0, 1, 2, ...).
+
+
+class Created(msgspec.Struct, tag_field="type", tag="response.created"):
+    sequence_number: int
+    response: Response
+
+
+class InProgress(msgspec.Struct, tag_field="type", tag="response.in_progress"):
+    sequence_number: int
+    response: Response
+
+
+class Completed(msgspec.Struct, tag_field="type", tag="response.completed"):
+    sequence_number: int
+    response: Response
+
+
+class Incomplete(msgspec.Struct, tag_field="type", tag="response.incomplete"):
+    sequence_number: int
+    response: Response
+
+
+class Failed(msgspec.Struct, tag_field="type", tag="response.failed"):
+    sequence_number: int
+    response: Response
+
+
+class ItemAdded(msgspec.Struct, tag_field="type", tag="response.output_item.added"):
+    sequence_number: int
+    output_index: int
+    item: OutputItem
+
+
+class ItemDone(msgspec.Struct, tag_field="type", tag="response.output_item.done"):
+    sequence_number: int
+    output_index: int
+    item: OutputItem
+
+
+Part = OutputText | ReasoningText
+
+
+class PartAdded(msgspec.Struct, tag_field="type", tag="response.content_part.added"):
+    sequence_number: int
+    item_id: str
+    output_index: int
+    content_index: int
+    part: Part
+
+
+class PartDone(msgspec.Struct, tag_field="type", tag="response.content_part.done"):
+    sequence_number: int
+    item_id: str
+    output_index: int
+    content_index: int
+    part: Part
+
+
+class TextDelta(msgspec.Struct, tag_field="type", tag="response.output_text.delta", kw_only=True):
+    sequence_number: int
+    item_id: str
+    output_index: int
+    content_index: int
+    delta: str
+    logprobs: list[Any] = msgspec.field(default_factory=list)
+
+
+class TextDone(msgspec.Struct, tag_field="type", tag="response.output_text.done", kw_only=True):
+    sequence_number: int
+    item_id: str
+    output_index: int
+    content_index: int
+    text: str
+    logprobs: list[Any] = msgspec.field(default_factory=list)
+
+
+class ReasoningDelta(msgspec.Struct, tag_field="type", tag="response.reasoning_text.delta"):
+    sequence_number: int
+    item_id: str
+    output_index: int
+    content_index: int
+    delta: str
+
+
+class ReasoningDone(msgspec.Struct, tag_field="type", tag="response.reasoning_text.done"):
+    sequence_number: int
+    item_id: str
+    output_index: int
+    content_index: int
+    text: str
+
+
+class ArgumentsDelta(msgspec.Struct, tag_field="type", tag="response.function_call_arguments.delta"):
+    sequence_number: int
+    item_id: str
+    output_index: int
+    delta: str
+
+
+class ArgumentsDone(msgspec.Struct, tag_field="type", tag="response.function_call_arguments.done"):
+    sequence_number: int
+    item_id: str
+    output_index: int
+    arguments: str
+
+
+class ErrorEvent(msgspec.Struct, tag_field="type", tag="error", kw_only=True):
+    sequence_number: int
+    message: str
+    code: str | None = None
+    param: str | None = None
+
+
+StreamEvent = (
+    Created | InProgress | Completed | Incomplete | Failed | ItemAdded | ItemDone | PartAdded | PartDone | TextDelta
+    | TextDone | ReasoningDelta | ReasoningDone | ArgumentsDelta | ArgumentsDone | ErrorEvent
+)  # fmt: skip

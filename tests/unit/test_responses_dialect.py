@@ -1,0 +1,222 @@
+"""The Responses dialect without a model: input items into chat messages, settings into the chat
+request, the answer's pieces into output items and events (validated as the openai SDK's types),
+and the bounded response store."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+import pydantic
+import pytest
+from openai.types.responses import Response, ResponseStreamEvent
+
+from gateway.chat.response_store import ResponseStore
+from gateway.chat.responses import answer_message, chat_messages, chat_request, input_items, skeleton
+from gateway.chat.responses_events import OutputStream
+from gateway.errors import BadRequest
+from protocol import chat
+from protocol import responses as r
+
+EVENTS: pydantic.TypeAdapter[Any] = pydantic.TypeAdapter(ResponseStreamEvent)
+ADD = {"type": "function", "name": "add", "parameters": {"type": "object", "properties": {"a": {"type": "integer"}}}}
+
+
+def request(**kw: Any) -> r.ResponsesRequest:
+    return msgspec.convert({"model": "m", "input": "hi", **kw}, r.ResponsesRequest)
+
+
+def messages(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [msgspec.to_builtins(m) for m in chat_messages(input_items(items))]
+
+
+def test_a_string_is_one_user_message_and_instructions_are_the_system_turn() -> None:
+    req, conversation = chat_request(request(instructions="Be brief."), [])
+    assert [(m.role, m.content) for m in req.messages] == [("system", "Be brief."), ("user", "hi")]
+    assert [(m.role, m.content) for m in conversation] == [("user", "hi")], "instructions are not carried over"
+
+
+def test_items_become_chat_turns_with_the_assistants_pieces_in_one_message() -> None:
+    out = messages([
+        {"role": "developer", "content": "rules"},
+        {"content": [{"type": "input_text", "text": "a"}, {"type": "input_text", "text": "b"}], "role": "user"},
+        {"type": "reasoning", "id": "rs_1", "summary": [], "content": [{"type": "reasoning_text", "text": "hmm"}]},
+        {"type": "message", "role": "assistant", "id": "msg_1", "status": "completed",
+         "content": [{"type": "output_text", "text": "Let me add.", "annotations": []}]},
+        {"type": "function_call", "call_id": "c1", "name": "add", "arguments": '{"a": 1}'},
+        {"type": "function_call", "call_id": "c2", "name": "add", "arguments": '{"a": 2}'},
+        {"type": "function_call_output", "call_id": "c1", "output": "1"},
+        {"type": "function_call_output", "call_id": "c2", "output": [{"type": "input_text", "text": "2"}]},
+        {"role": "assistant", "content": "Done."},
+        {"role": "assistant", "content": "Twice."},
+    ])  # fmt: skip
+    assert out == [
+        {"role": "developer", "content": "rules"},
+        {"role": "user", "content": "a\nb"},
+        {"role": "assistant", "content": "Let me add.", "reasoning_content": "hmm", "tool_calls": [
+            {"id": "c1", "function": {"name": "add", "arguments": '{"a": 1}'}, "type": "function"},
+            {"id": "c2", "function": {"name": "add", "arguments": '{"a": 2}'}, "type": "function"}]},
+        {"role": "tool", "content": "1", "tool_call_id": "c1"},
+        {"role": "tool", "content": "2", "tool_call_id": "c2"},
+        {"role": "assistant", "content": "Done."},
+        {"role": "assistant", "content": "Twice."},
+    ]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("items", "named"),
+    [
+        ([{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}], "`input[0].content[0]`"),
+        ([{"role": "user", "content": [{"type": "input_file", "file_id": "f"}]}], "`input[0].content[0]`"),
+        ([{"role": "user", "content": "x"}, {"type": "item_reference", "id": "m"}], "`input[1].type`"),
+        ([{"type": "function_call_output", "output": "1"}], "`call_id`"),
+        ([{"role": "robot", "content": "x"}], "`input[0].role`"),
+        ([{"content": "x"}], "`type`"),
+    ],
+)
+def test_bad_items_are_refused_naming_where(items: list[dict[str, Any]], named: str) -> None:
+    with pytest.raises(BadRequest, match=named.replace("[", r"\[").replace("]", r"\]")):
+        chat_messages(input_items(items))
+
+
+def test_settings_map_to_the_chat_request() -> None:
+    req, _ = chat_request(request(max_output_tokens=7, temperature=0.5, top_p=0.9, user="u", tools=[ADD],
+                                  tool_choice={"type": "function", "name": "add"},
+                                  reasoning={"effort": "none"}), [])  # fmt: skip
+    assert (req.max_completion_tokens, req.temperature, req.top_p, req.user) == (7, 0.5, 0.9, "u")
+    assert req.tool_choice == {"type": "function", "function": {"name": "add"}}
+    assert req.tools is not None and req.tools[0].function.name == "add"
+    assert (req.enable_think, req.reasoning_format) == (False, "deepseek")
+    assert chat_request(request(reasoning={"effort": "high"}), [])[0].enable_think is True
+    assert chat_request(request(), [])[0].enable_think is None, "without `reasoning`: the template's default"
+    schema = {"type": "object", "properties": {"x": {"type": "string"}}}
+    fmt = chat_request(request(text={"format": {"type": "json_schema", "name": "n", "schema": schema}}), [])[0]
+    assert fmt.response_format == {"type": "json_schema", "json_schema": {"name": "n", "schema": schema}}
+    assert chat_request(request(text={"format": {"type": "json_object"}}), [])[0].response_format == {
+        "type": "json_object"}  # fmt: skip
+    assert chat_request(request(text={"format": {"type": "text"}}), [])[0].response_format is None
+
+
+@pytest.mark.parametrize(
+    ("kw", "named"),
+    [
+        ({"tools": [{"type": "web_search"}]}, "tools[0].type"),
+        ({"tools": [{"type": "function"}]}, "tools[0].name"),
+        ({"tools": [ADD], "tool_choice": {"type": "function", "name": "sub"}}, "tool_choice.name"),
+        ({"tool_choice": "required"}, "tool_choice"),
+        ({"tools": [ADD], "tool_choice": "required", "text": {"format": {"type": "json_object"}}}, "text.format"),
+        ({"tools": [{**ADD, "parameters": {"type": "object", "maximum": 2**70}}]}, "tools[0].parameters"),
+    ],
+)
+def test_bad_settings_are_refused_naming_the_field(kw: dict[str, Any], named: str) -> None:
+    with pytest.raises(BadRequest, match=named.replace("[", r"\[").replace("]", r"\]")):
+        chat_request(request(**kw), [])
+
+
+def test_history_comes_before_the_new_input() -> None:
+    history = [chat.ChatMessage(role="user", content="a"), chat.ChatMessage(role="assistant", content="b")]
+    req, conversation = chat_request(request(input="c", instructions="sys"), history)
+    assert [m.content for m in req.messages] == ["sys", "a", "b", "c"]
+    assert [m.content for m in conversation] == ["a", "b", "c"]
+
+
+def _stream(**kw: Any) -> OutputStream:
+    return OutputStream(skeleton(request(**kw), "resp_1", 1700000000, "m", 0.8, 0.95))
+
+
+def _usage(prompt: int, completion: int, cached: int = 0) -> chat.Usage:
+    return chat.Usage(prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion,
+                      prompt_tokens_details=chat.PromptTokensDetails(cached_tokens=cached))  # fmt: skip
+
+
+def _validate(events: list[r.StreamEvent]) -> list[str]:
+    for ev in events:
+        EVENTS.validate_json(msgspec.json.encode(ev))
+    return [ev.__struct_config__.tag for ev in events]  # type: ignore[misc]
+
+
+def test_reasoning_text_and_calls_become_items_and_valid_events() -> None:
+    out = _stream(tools=[ADD])
+    events = out.start()
+    events += out.feed(chat.ChunkDelta(reasoning_content="think "), 2)
+    events += out.feed(chat.ChunkDelta(reasoning_content="more", content="Sure."), 6)
+    events += out.feed(chat.ChunkDelta(tool_calls=[chat.ChunkToolCall(index=0, id="call_x", type="function",
+                       function=chat.ChunkFunction(name="add", arguments=""))]), 8)  # fmt: skip
+    events += out.feed(chat.ChunkDelta(tool_calls=[chat.ChunkToolCall(index=0, function=chat.ChunkFunction(arguments='{"a"'))]), 9)  # fmt: skip
+    events += out.feed(chat.ChunkDelta(tool_calls=[chat.ChunkToolCall(index=0, function=chat.ChunkFunction(arguments=": 1}"))]), 10)  # fmt: skip
+    events += out.finish("stop", _usage(20, 10, cached=5))
+    kinds = _validate(events)
+    assert kinds == [
+        "response.created", "response.in_progress",
+        "response.output_item.added", "response.content_part.added", "response.reasoning_text.delta",
+        "response.reasoning_text.delta",
+        "response.reasoning_text.done", "response.content_part.done", "response.output_item.done",
+        "response.output_item.added", "response.content_part.added", "response.output_text.delta",
+        "response.output_text.done", "response.content_part.done", "response.output_item.done",
+        "response.output_item.added", "response.function_call_arguments.delta", "response.function_call_arguments.delta",
+        "response.function_call_arguments.done", "response.output_item.done",
+        "response.completed",
+    ]  # fmt: skip
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+    final = Response.model_validate_json(msgspec.json.encode(out.response))
+    assert final.status == "completed" and final.output_text == "Sure."
+    rs, msg, call = final.output
+    assert msg.type == "message" and msg.status == "completed"
+    assert rs.type == "reasoning" and rs.content is not None and rs.content[0].text == "think more"
+    assert call.type == "function_call" and (call.call_id, call.id, call.arguments) == ("call_x", "fc_x", '{"a": 1}')
+    assert final.usage is not None and final.usage.input_tokens_details.cached_tokens == 5
+    # 2 tokens of pure reasoning, then 4 split by characters (4 of reasoning, 5 of text): 2 + round(4 * 4 / 9)
+    assert final.usage.output_tokens_details.reasoning_tokens == 4
+    assert final.tools[0].type == "function" and final.tools[0].name == "add"
+    # the answer as the assistant turn a continuation reads
+    again = answer_message(out.response.output)
+    assert (again.content, again.reasoning_content) == ("Sure.", "think more")
+    assert again.tool_calls == [chat.ToolCall(id="call_x", function=chat.FunctionCall("add", '{"a": 1}'))]
+
+
+def test_a_cut_answer_is_incomplete_and_a_broken_one_failed() -> None:
+    out = _stream()
+    events = out.start() + out.text("Once") + out.text(" upon") + out.finish("length", _usage(5, 2))
+    assert _validate(events)[-1] == "response.incomplete"
+    final = Response.model_validate_json(msgspec.json.encode(out.response))
+    assert final.status == "incomplete" and final.incomplete_details is not None
+    assert final.incomplete_details.reason == "max_output_tokens" and final.output[0].status == "incomplete"
+    assert final.output_text == "Once upon"
+    broken = _stream()
+    events = broken.start() + broken.text("x") + broken.fail("the worker died")
+    assert _validate(events)[-1] == "response.failed"
+    failed = Response.model_validate_json(msgspec.json.encode(broken.response))
+    assert failed.status == "failed" and failed.error is not None and failed.error.message == "the worker died"
+
+
+def test_an_empty_answer_is_one_empty_assistant_turn() -> None:
+    assert answer_message([]) == chat.ChatMessage(role="assistant", content="")
+
+
+def _response(i: int) -> r.Response:
+    return r.Response(id=f"resp_{i}", created_at=0, status="completed", model="m", output=[])
+
+
+def test_the_store_is_per_owner_and_bounded_by_count_age_and_size() -> None:
+    now = [0.0]
+    store = ResponseStore(max_responses=3, max_age_s=60, max_chars=10_000, clock=lambda: now[0])
+    turn = [chat.ChatMessage(role="user", content="x")]
+    for i in range(4):
+        store.put("alice", _response(i), turn)
+    assert len(store) == 3 and store.get("alice", "resp_0") is None, "the oldest goes first"
+    assert store.get("bob", "resp_1") is None, "another caller sees nothing"
+    assert not store.delete("bob", "resp_1")
+    found = store.get("alice", "resp_1")
+    assert found is not None and found.conversation == turn
+    now[0] = 30.0
+    store.put("bob", _response(9), turn)
+    now[0] = 61.0
+    assert store.get("alice", "resp_2") is None and store.get("bob", "resp_9") is not None, "an hour (here 60 s) old"
+    assert store.delete("bob", "resp_9") and store.get("bob", "resp_9") is None and len(store) == 0
+    assert store.chars == 0
+    big = [chat.ChatMessage(role="user", content="y" * 4000)]
+    for i in range(3):
+        store.put("alice", _response(i), big)
+    assert len(store) == 2 and store.chars <= 10_000, "the characters held are bounded too"
+    store.put("alice", _response(7), [chat.ChatMessage(role="user", content="z" * 20_000)])
+    assert store.get("alice", "resp_7") is None and len(store) == 2, "one larger than the store is not kept"
