@@ -1,16 +1,19 @@
-"""Streaming decode through the Anthropic dialect (`/v1/messages`) as a ratio of
-`/v1/chat/completions`, in the same run, on the same server and prompt, greedy.
+"""Streaming decode through the Anthropic dialect (`/v1/messages`) and the OpenAI Responses dialect
+(`/v1/responses`) as ratios of `/v1/chat/completions`, in the same run, on the same server and
+prompt, greedy.
 
     .venv/bin/python bench/dialects.py [--rounds 7] [--max-tokens 120] [--client raw|sdk]
 
-The dialect is a translation at the edge, so its per-token cost is the gateway's: shaping each
-worker Delta into a `content_block_delta` event instead of a chat chunk. Rounds alternate the two
-routes (chat, messages, chat, ...) so drift in machine load hits both alike. Per route it reports
-the median decode tok/s at the client ((tokens - 1) / (last content event - first content event)),
-the paired ratio (median of messages_i / chat_i over adjacent rounds), and the gateway's CPU ms per
-token (psutil, the gateway process only: where the translation runs).
+A dialect is a translation at the edge, so its per-token cost is the gateway's: shaping each
+worker Delta into a `content_block_delta` or `response.output_text.delta` event instead of a chat
+chunk (and, on `/v1/responses`, running the reasoning split, which that dialect always does).
+Rounds alternate the routes (chat, messages, responses, chat, ...) so drift in machine load hits
+all alike. Per route it reports the median decode tok/s at the client ((tokens - 1) / (last
+content event - first content event)), the paired ratio to chat (median of route_i / chat_i over
+adjacent rounds), and the gateway's CPU ms per token (psutil, the gateway process only: where the
+translation runs).
 
-`--client raw` (the default) reads both streams with the same minimal httpx line loop, so the two
+`--client raw` (the default) reads every stream with the same minimal httpx line loop, so the
 clients cost the same and only the server differs; `--client sdk` uses the official `openai` and
 `anthropic` SDKs instead (their own parsing costs differ, and on a 2-core box that CPU is taken
 from decoding). `--stream-interval 0` (the default here) sends one event per token, the harshest
@@ -85,7 +88,25 @@ def raw_messages(http: httpx.Client, base: str, max_tokens: int) -> Round:
     return _rate(first, last, tokens), tokens
 
 
-def sdk_clients(base: str) -> tuple[Callable[[int], Round], Callable[[int], Round]]:
+def raw_responses(http: httpx.Client, base: str, max_tokens: int) -> Round:
+    body = {"model": MODEL, "instructions": SYSTEM, "input": ASK, "max_output_tokens": max_tokens, "temperature": 0,
+            "stream": True, "store": False}  # fmt: skip
+    first = last = None
+    tokens = 0
+    with http.stream("POST", f"{base}/v1/responses", json=body) as r:
+        for line in r.iter_lines():
+            if not line.startswith("data: {"):
+                continue
+            ev = json.loads(line[6:])
+            if ev["type"] == "response.output_text.delta":
+                last = time.perf_counter()
+                first = first or last
+            elif ev["type"] in ("response.completed", "response.incomplete"):
+                tokens = ev["response"]["usage"]["output_tokens"]
+    return _rate(first, last, tokens), tokens
+
+
+def sdk_clients(base: str) -> tuple[Callable[[int], Round], Callable[[int], Round], Callable[[int], Round]]:
     import anthropic
     import openai
 
@@ -118,7 +139,19 @@ def sdk_clients(base: str) -> tuple[Callable[[int], Round], Callable[[int], Roun
                 tokens = ev.usage.output_tokens
         return _rate(first, last, tokens), tokens
 
-    return chat, messages
+    def responses(max_tokens: int) -> Round:
+        first = last = None
+        tokens = 0
+        for ev in oa.responses.create(model=MODEL, instructions=SYSTEM, input=ASK, max_output_tokens=max_tokens,
+                                      temperature=0, stream=True, store=False):  # fmt: skip
+            if ev.type == "response.output_text.delta":
+                last = time.perf_counter()
+                first = first or last
+            elif ev.type in ("response.completed", "response.incomplete") and ev.response.usage:
+                tokens = ev.response.usage.output_tokens
+        return _rate(first, last, tokens), tokens
+
+    return chat, messages, responses
 
 
 def main() -> int:
@@ -135,11 +168,12 @@ def main() -> int:
         srv.wait_ready()
         gateway = psutil.Process(srv.proc.pid)
         if args.client == "sdk":
-            chat, messages = sdk_clients(srv.base_url)
+            chat, messages, responses = sdk_clients(srv.base_url)
         else:
             chat = lambda n: raw_chat(http, srv.base_url, n)  # noqa: E731
             messages = lambda n: raw_messages(http, srv.base_url, n)  # noqa: E731
-        routes: dict[str, Callable[[int], Round]] = {"chat": chat, "messages": messages}
+            responses = lambda n: raw_responses(http, srv.base_url, n)  # noqa: E731
+        routes: dict[str, Callable[[int], Round]] = {"chat": chat, "messages": messages, "responses": responses}
         for run in routes.values():  # load the model, warm both paths
             run(8)
         rates: dict[str, list[float]] = {name: [] for name in routes}
@@ -153,20 +187,22 @@ def main() -> int:
     finally:
         http.close()
         srv.stop()
-    paired = [m / c for c, m in zip(rates["chat"], rates["messages"]) if c]
     report: dict[str, Any] = {
         name: {"tok_s": round(statistics.median(rates[name]), 1),
                "gateway_cpu_ms_per_token": round(statistics.median(cpu_ms[name]), 3),
                "all_tok_s": [round(r, 1) for r in rates[name]]}
         for name in rates
     }  # fmt: skip
-    report["paired_ratio"] = round(statistics.median(paired), 3)
+    for name in ("messages", "responses"):
+        paired = [d / c for c, d in zip(rates["chat"], rates[name]) if c]
+        report[f"paired_ratio_{name}"] = round(statistics.median(paired), 3)
     report["args"] = {k: str(v) for k, v in vars(args).items()}
     for name in rates:
         r = report[name]
         print(f"{name:9s} {r['tok_s']:7.1f} tok/s   gateway {r['gateway_cpu_ms_per_token']:.3f} ms CPU/token")
-    print(f"/v1/messages decode / /v1/chat/completions decode, paired median: {report['paired_ratio']:.3f} "
-          f"(goal >= 0.98; {args.rounds} rounds, {args.max_tokens} tokens, client {args.client})")  # fmt: skip
+    for name in ("messages", "responses"):
+        print(f"/v1/{name} decode / /v1/chat/completions decode, paired median: {report[f'paired_ratio_{name}']:.3f} "
+              f"(goal >= 0.98; {args.rounds} rounds, {args.max_tokens} tokens, client {args.client})")  # fmt: skip
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(report, indent=2))
     return 0
