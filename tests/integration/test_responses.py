@@ -7,6 +7,7 @@ against the SDK's own pydantic types (which `create` itself only constructs, unc
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -286,3 +287,20 @@ def test_an_agent_runs_its_tool_through_the_responses_api(server: ServerProcess)
     assert asyncio.run(run(streamed=False)) == "5"
     assert asyncio.run(run(streamed=True)) == "5"
     assert calls == [(2, 3), (2, 3)]
+
+
+def test_with_keys_each_key_sees_only_its_own_responses(start, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    keys = tmp_path / "keys"
+    keys.write_text("sk-alice-0123456789 alice\nsk-bob-0123456789 bob\n")
+    srv = start("--nctx", "1024", "--api-key-file", str(keys))
+    alice, bob = (openai.OpenAI(base_url=f"{srv.base_url}/v1", api_key=k, max_retries=0, timeout=120)
+                  for k in ("sk-alice-0123456789", "sk-bob-0123456789"))  # fmt: skip
+    r = alice.responses.create(model=MODEL, input=HI, temperature=0, max_output_tokens=4)
+    assert alice.responses.retrieve(r.id).id == r.id
+    with pytest.raises(openai.NotFoundError):
+        bob.responses.retrieve(r.id)
+    with pytest.raises(openai.NotFoundError):
+        bob.responses.create(model=MODEL, input="And?", previous_response_id=r.id, max_output_tokens=4)
+    with pytest.raises(openai.NotFoundError):
+        bob.responses.delete(r.id)
+    alice.responses.delete(r.id)
