@@ -39,6 +39,11 @@ class Systemd:
 
     def __init__(self) -> None:
         self._notifier = SystemdNotifier() if os.environ.get("NOTIFY_SOCKET") else None
+        if self._notifier is not None and self._notifier.socket is not None:
+            # sdnotify sends blocking, from the event loop: a reader that falls behind (the kernel
+            # queues 10 datagrams, net.unix.max_dgram_qlen) would wedge every request. Non-blocking,
+            # a ping is dropped instead; the next one follows within WatchdogSec/2.
+            self._notifier.socket.setblocking(False)
         self._stopping = False
         self._watchdog: asyncio.Task[None] | None = None
 

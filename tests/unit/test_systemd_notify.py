@@ -103,3 +103,16 @@ def test_a_worker_raises_its_oom_score_adj_by_500(tmp_path: Path, before: str, a
 
 def test_no_proc_is_not_an_error(tmp_path: Path) -> None:
     _offer_to_oom_killer(path=str(tmp_path / "absent" / "oom_score_adj"))
+
+
+async def test_a_reader_that_falls_behind_never_blocks_the_event_loop(notify_socket: socket.socket) -> None:
+    """The kernel queues about 10 datagrams for an unread socket; sending blocked after that, and
+    with it the whole gateway (found as a hang of the drain test on a loaded box)."""
+    systemd = Systemd()
+    loop = asyncio.get_running_loop()
+    t0 = loop.time()
+    for _ in range(200):
+        systemd._send("WATCHDOG=1")
+    assert loop.time() - t0 < 1.0
+    assert notify_socket.recv(64) == b"WATCHDOG=1"
+    await systemd.close()
