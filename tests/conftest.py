@@ -10,6 +10,18 @@ from tests.server_proc import ServerProcess
 
 MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct:Q4_1"
 
+# A tool's JSON schema the dialect tests share: small enough that a 135M model, forced to call
+# it, always fills it in validly.
+WEATHER_PARAMETERS = {
+    "type": "object",
+    "properties": {
+        "city": {"type": "string", "maxLength": 20},
+        "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]},
+    },
+    "required": ["city", "unit"],
+    "additionalProperties": False,
+}
+
 
 YES_NO = 'root ::= "yes" | "no"\n'
 

@@ -15,7 +15,7 @@ import jsonschema
 import openai
 import pytest
 
-from tests.conftest import MODEL
+from tests.conftest import MODEL, WEATHER_PARAMETERS
 from tests.server_proc import ServerProcess
 
 ASK: list[Any] = [{"role": "user", "content": "What is the capital of France?"}]
@@ -25,15 +25,7 @@ GREEDY: dict[str, Any] = {"extra_body": {"temperature": 0}, "max_tokens": 16}
 WEATHER = {
     "name": "get_weather",
     "description": "Weather forecast for a city",
-    "input_schema": {
-        "type": "object",
-        "properties": {
-            "city": {"type": "string", "maxLength": 20},
-            "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]},
-        },
-        "required": ["city", "unit"],
-        "additionalProperties": False,
-    },
+    "input_schema": WEATHER_PARAMETERS,
 }
 TIME = {"name": "get_time", "description": "Local time in a city",
         "input_schema": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}  # fmt: skip

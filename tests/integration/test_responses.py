@@ -17,7 +17,7 @@ import pydantic
 import pytest
 from openai.types.responses import Response, ResponseStreamEvent
 
-from tests.conftest import MODEL
+from tests.conftest import MODEL, WEATHER_PARAMETERS
 from tests.server_proc import ServerProcess
 
 HI = "Hi!"  # SmolLM2 answers it in 9 greedy tokens and stops: a completed response
@@ -26,15 +26,7 @@ WEATHER = {
     "type": "function",
     "name": "get_weather",
     "description": "Weather forecast for a city",
-    "parameters": {
-        "type": "object",
-        "properties": {
-            "city": {"type": "string", "maxLength": 20},
-            "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]},
-        },
-        "required": ["city", "unit"],
-        "additionalProperties": False,
-    },
+    "parameters": WEATHER_PARAMETERS,
     "strict": True,
 }
 TIME = {"type": "function", "name": "get_time", "description": "Local time in a city",
