@@ -54,3 +54,19 @@ def test_bad_input_is_a_400(server: ServerProcess) -> None:
     assert post(server, "/tokenize", {"model": "no/such", "content": "x"}).status_code == 404
     r = post(server, "/tokenize", {"content": "x" * ((1 << 20) + 1)})
     assert r.status_code == 400 and "`content`" in r.json()["error"]
+
+
+def test_hostile_values_are_answered_or_refused_never_a_500(server: ServerProcess) -> None:
+    """NUL bytes, nesting where a string belongs, out-of-range ids, a NUL in a model name."""
+    nul = post(server, "/tokenize", {"content": "a\x00b"})
+    assert nul.status_code == 200 and post(server, "/detokenize", {"tokens": nul.json()["tokens"]}).status_code == 200
+    for body in ({"content": [[["x"]]]}, {"content": "x", "model": "a\x00/b"}, {"content": "x", "add_special": "yes"}):
+        r = post(server, "/tokenize", body)
+        assert r.status_code in (400, 404) and isinstance(r.json()["error"], str), (body, r.text)
+    for tokens in ([-1], [2**40], [[1]]):
+        r = post(server, "/detokenize", {"tokens": tokens})
+        assert r.status_code == 400, (tokens, r.text)
+    for path in ("/v1/models/load", "/v1/models/unload"):
+        for body in ({"model": "a\x00/b"}, {"model": MODEL, "nctx": 2**40}, {"model": MODEL, "compute": "x" * 10_000}):
+            r = post(server, path, body)
+            assert r.status_code in (400, 404), (path, body, r.text)
