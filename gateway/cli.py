@@ -92,6 +92,9 @@ def _add_serve(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> argp
     a("--allowed-host", dest="allowed_hosts", action="append", default=[],
       help="a Host name this server answers to besides loopback and the address it binds (repeatable; "
            "'*' for any); others get 403, against DNS rebinding")  # fmt: skip
+    a("--fetch-host", dest="fetch_hosts", action="append", default=[],
+      help="a host whose http(s) URLs requests may name for images and audio (repeatable; none by "
+           "default: fetching for a client is a server-side request forgery risk)")  # fmt: skip
     a("--grammar-dir", dest="grammar_dirs", action="append", type=Path, default=[],
       help="a folder `grammar_path` may read GBNF files from (repeatable; none by default)")  # fmt: skip
     p.set_defaults(func=_serve)
@@ -226,6 +229,7 @@ def _serve(args: argparse.Namespace) -> int:
         crash_window=args.crash_window,
         crash_backoff=args.crash_backoff,
         grammar_dirs=args.grammar_dirs,
+        fetch_hosts=args.fetch_hosts,
         stream_interval_ms=args.stream_interval_ms,
         worker_nice=args.worker_nice,
         cache_ram_mb=args.cache_ram_mb,

@@ -97,7 +97,7 @@ async def _ask(request: Request, worker: WorkerHandle, entry: ModelEntry, messag
 @post("/v1/embeddings", status_code=200)
 async def embeddings(request: Request, body: bytes, services: NamedDependency[Services]) -> EmbeddingResponse:
     data = read_json(body, EmbeddingRequest)
-    entry = services.store.resolve(data.model)
+    entry = services.model_for(data.model, "embeddings")
     texts, token_ids = split_input(data.input)
     if data.dimensions is not None and data.dimensions < 1:
         raise BadRequest(f"`dimensions` must be at least 1, got {data.dimensions}")
@@ -117,7 +117,7 @@ async def embeddings(request: Request, body: bytes, services: NamedDependency[Se
 @post("/v1/reranking", status_code=200)
 async def reranking(request: Request, body: bytes, services: NamedDependency[Services]) -> Response[RerankingResponse]:
     data = read_json(body, RerankingRequest)
-    entry = services.store.resolve(data.model)
+    entry = services.model_for(data.model, "rerank")
     if data.query is None or not data.query.strip():
         raise BadRequest("`query` is required: the text to rank the documents against")
     if not data.documents:

@@ -7,19 +7,13 @@ from litestar.di import NamedDependency
 
 from gateway.api.body import read_json
 from gateway.api.services import Services
+from gateway.models.capabilities import capabilities_of
 from gateway.models.store import ModelEntry
 from gateway.supervisor.compute import resolve_compute
 from gateway.supervisor.handle import WorkerHandle
-from gateway.supervisor.memory import trained_context
+from gateway.supervisor.memory import trained_context, worker_engine
 from gateway.supervisor.pool import WorkerPool
 from protocol.models import LoadRequest, Model, ModelList, Resident, Unloaded, UnloadRequest
-
-# What each engine's models can be asked for (the routes that serve them).
-CAPABILITIES = {
-    "llama_cpp": ["chat", "completion", "tools", "logits"],
-    "llama_embed": ["embeddings", "rerank"],
-    "onnx": ["embeddings", "rerank"],
-}
 
 
 def _resident(pool: WorkerPool, h: WorkerHandle) -> Resident:
@@ -29,7 +23,7 @@ def _resident(pool: WorkerPool, h: WorkerHandle) -> Resident:
 
 def _model(e: ModelEntry, pool: WorkerPool) -> Model:
     return Model(id=e.id, created=e.created, owned_by=e.org, object="model",
-                 capabilities=CAPABILITIES.get(e.engine, []), context_length=trained_context(e.path),
+                 capabilities=capabilities_of(worker_engine(e)), context_length=trained_context(e.path),
                  quantization=e.precision, engine=e.engine, size=e.size,
                  loaded=[_resident(pool, h) for h in pool.residents_of(e.id)])  # fmt: skip
 

@@ -16,7 +16,9 @@ from litestar.di import NamedDependency
 
 from gateway.api.lifecycle import Lifecycle
 from gateway.chat.response_store import ResponseStore
-from gateway.errors import BadRequest
+from gateway.errors import BadRequest, Unsupported
+from gateway.media.inputs import MediaLimits
+from gateway.models.capabilities import capabilities_of, serving
 from gateway.models.store import ModelEntry, ModelStore
 from gateway.ops.accounting import Accounting
 from gateway.ops.ledger import Ledger
@@ -24,7 +26,7 @@ from gateway.ops.limits import KeyLimiter
 from gateway.ops.metrics import Metrics
 from gateway.ops.settings import Settings
 from gateway.supervisor.handle import WorkerHandle
-from gateway.supervisor.memory import trained_context
+from gateway.supervisor.memory import trained_context, worker_engine
 from gateway.supervisor.pool import WorkerPool
 from protocol.limits import MAX_PROMPT_CHARS_PER_TOKEN
 
@@ -39,6 +41,24 @@ class Services:
     lifecycle: Lifecycle
     limiter: KeyLimiter
     responses: ResponseStore  # recent /v1/responses answers, for previous_response_id
+
+    @property
+    def media(self) -> MediaLimits:
+        """How large an image or audio clip may be, and which hosts a URL may name."""
+        s = self.settings
+        return MediaLimits(s.max_body_mb << 20, frozenset(h.lower() for h in s.fetch_hosts))
+
+    def model_for(self, name: str | None, capability: str, default: str | None = None) -> ModelEntry:
+        """The model `name` (or `default`), refused with a 400 that says so when it cannot serve `capability`
+        (text to speech asked of a chat model): checked before any worker loads."""
+        if not name and default is None:
+            raise BadRequest("`model` is required")
+        entry = self.store.resolve(name or default or "")
+        if capability not in capabilities_of(worker_engine(entry)):
+            able = serving({e.id: worker_engine(e) for e in self.store.entries()}, capability)
+            hint = f"models that do: {', '.join(able)}" if able else "no installed model does"
+            raise Unsupported(f"`model`: {entry.id} ({entry.engine}) does not support {capability}; {hint}")
+        return entry
 
     def accounting(self, model: str, caller: str, user: str | None) -> Accounting:
         """A request's metrics, ledger entry and tokens against its key's limits (`caller`: the API

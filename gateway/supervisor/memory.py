@@ -8,6 +8,8 @@ import struct
 
 import structlog
 
+from gateway.models.store import ModelEntry
+
 log = structlog.get_logger("gateway.supervisor.memory")
 
 # Compute buffers, the runtime, and the Python interpreter of the worker itself.
@@ -104,6 +106,13 @@ def is_embedding_gguf(path: str) -> bool:
     arch = str(meta.get(ARCHITECTURE, ""))
     pooling = meta.get(f"{arch}.pooling_type")
     return arch in ENCODER_ARCHS or (pooling is not None and int(pooling) != POOLING_NONE)
+
+
+def worker_engine(entry: ModelEntry) -> str:
+    """The worker engine for a model: a GGUF that is an embedding model gets llama_embed."""
+    if entry.engine == "llama_cpp" and entry.path.endswith(".gguf") and is_embedding_gguf(entry.path):
+        return "llama_embed"
+    return entry.engine
 
 
 def trained_context(path: str) -> int | None:

@@ -32,7 +32,7 @@ from gateway.supervisor.memory import (
     EMBED_BATCH_TOKENS,
     embedding_kv_tokens,
     estimate_worker_bytes,
-    is_embedding_gguf,
+    worker_engine,
 )
 from gateway.supervisor.states import State
 from protocol.keys import WorkerKey
@@ -165,7 +165,7 @@ class WorkerPool:
             await old.stop(graceful=False)
         s = self.settings
         parallel = s.parallel or default_parallel(key.nctx)
-        engine = _worker_engine(entry)
+        engine = worker_engine(entry)
         kv_tokens = embedding_kv_tokens(entry.path) if engine == "llama_embed" else key.nctx * parallel
         cache_mb = s.cache_ram_mb if engine == "llama_cpp" else 0  # the chat engine's prompt cache
         need = estimate_worker_bytes(entry.path, kv_tokens) + (cache_mb << 20)
@@ -338,10 +338,3 @@ class WorkerPool:
         await asyncio.gather(*(h.stop(graceful=drain_timeout > 0, timeout=drain_timeout) for h in handles),
                              return_exceptions=True)  # fmt: skip
         shutil.rmtree(self.runtime_dir, ignore_errors=True)
-
-
-def _worker_engine(entry: ModelEntry) -> str:
-    """The worker engine for a model: a GGUF that is an embedding model gets llama_embed."""
-    if entry.engine == "llama_cpp" and entry.path.endswith(".gguf") and is_embedding_gguf(entry.path):
-        return "llama_embed"
-    return entry.engine

@@ -136,7 +136,7 @@ def test_a_list_is_batched_and_answered_in_order(server: ServerProcess) -> None:
         ({"input": "x", "encoding_format": "hex"}, "encoding_format"),
         ({}, "input"),
         ({"input": "word " * 300}, "at most 256"),
-        ({"input": "x", "model": CHAT_MODEL}, "does not support embeddings"),
+        ({"input": "x", "model": CHAT_MODEL}, "does not support embeddings; models that do:"),
     ],
 )
 def test_bad_input_is_400(server: ServerProcess, body: dict, words: str) -> None:  # type: ignore[type-arg]

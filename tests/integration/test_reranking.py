@@ -87,7 +87,7 @@ def test_normalize_softmax_and_linear(server: ServerProcess) -> None:
         ({"batch_size": 0}, "batch_size"),
         ({"normalize_method": "zscore"}, "normalize_method"),
         ({"documents": ["word " * 300]}, "at most 256"),
-        ({"model": CHAT_MODEL}, "does not support reranking"),
+        ({"model": CHAT_MODEL}, "does not support rerank; models that do:"),
     ],
 )
 def test_bad_input_is_400(server: ServerProcess, body: dict, words: str) -> None:  # type: ignore[type-arg]
