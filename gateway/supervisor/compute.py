@@ -32,7 +32,7 @@ def resolve_compute(requested: str | None, engine: str) -> str:
             return "gpu"
         _warn_once(unit, engine, "this llama.cpp build has no GPU/NPU offload")
         return "cpu"
-    if engine == "onnx" and unit == "npu":
+    if engine in ("onnx", "ocr") and unit == "npu":
         if _qnn_installed():
             return "npu"  # the worker runs the QNN execution provider, and reports whether it took the model
         _warn_once(unit, engine, "the onnxruntime-qnn package is not installed")

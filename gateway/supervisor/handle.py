@@ -51,12 +51,14 @@ from protocol.wire import (
     LogitRows,
     Logits,
     Ready,
+    Recognize,
     Rerank,
     Scores,
     SetThreads,
     Shutdown,
     Started,
     Text,
+    TextRegions,
     TokenCount,
     Tokenize,
     TokenList,
@@ -68,8 +70,8 @@ from protocol.wire import (
 log = structlog.get_logger("gateway.worker")
 
 Streamed = Started | Delta | Done  # what a generation yields
-OneShot = CountTokens | Tokenize | Detokenize | Logits | Embed | Rerank  # requests answered with one reply
-Answer = TokenCount | TokenList | Text | LogitRows | Embeddings | Scores
+OneShot = CountTokens | Tokenize | Detokenize | Logits | Embed | Rerank | Recognize  # requests answered with one reply
+Answer = TokenCount | TokenList | Text | LogitRows | Embeddings | Scores | TextRegions
 
 
 class WorkerSpec(msgspec.Struct, frozen=True, kw_only=True):

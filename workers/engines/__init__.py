@@ -18,6 +18,7 @@ from protocol.wire import (
     Generate,
     Logits,
     Ready,
+    Recognize,
     Rerank,
 )
 
@@ -36,11 +37,11 @@ class EngineError(Exception):
 
 
 Emit = Callable[[FromWorker], None]
-Request = Generate | CountTokens | Logits | Embed | Rerank  # what an engine may be asked to do
+Request = Generate | CountTokens | Logits | Embed | Rerank | Recognize  # what an engine may be asked to do
 
 # What each request kind asks of an engine, as a refusal names it.
 TASKS: dict[type, str] = {Generate: "text generation", CountTokens: "chat token counts", Logits: "logits",
-                          Embed: "embeddings", Rerank: "reranking"}  # fmt: skip
+                          Embed: "embeddings", Rerank: "reranking", Recognize: "text recognition (OCR)"}  # fmt: skip
 
 
 class Engine(Protocol):
@@ -110,6 +111,9 @@ ENGINES: dict[str, str] = {
     "llama_cpp": "workers.engines.llama.engine:load",
     "llama_embed": "workers.engines.llama_embed:load",
     "onnx": "workers.engines.onnx:load",
+    # PP-OCR text detection + recognition (ONNX graphs on our onnxruntime sessions; RapidOCR's
+    # pre- and post-processing): /v1/cv.
+    "ocr": "workers.engines.ocr:load",
     # Behaves as its JSON "model file" says (delays, crashes, hangs): tests of the supervision.
     "fake": "workers.engines.fake:load",
 }

@@ -136,6 +136,17 @@ def register_qnn() -> list[Any]:
     return devices
 
 
+def nodes_by_provider(profile_file: str) -> dict[str, int]:
+    """Graph nodes per execution provider in an onnxruntime profile (a QNN partition counts as one)."""
+    try:
+        events = json.loads(Path(profile_file).read_text())
+    except (OSError, ValueError):
+        return {}
+    seen = {(e["name"], e["args"]["provider"]) for e in events
+            if e.get("cat") == "Node" and "provider" in e.get("args", {})}  # fmt: skip
+    return dict(Counter(provider for _, provider in seen))
+
+
 def bucket(n: int, sizes: tuple[int, ...]) -> int:
     return next((s for s in sizes if s >= n), sizes[-1])
 
@@ -237,7 +248,7 @@ class OnnxEngine(QueuedEngine):
             session = self._npu_session(1, length, profile_dir)
             self._npu_sessions[(1, length)] = session
             out = self._run(session, [seq], self.cross_encoder, 1, length)
-            self.provider_nodes = self._nodes_by_provider(session.end_profiling())
+            self.provider_nodes = nodes_by_provider(session.end_profiling())
         except Exception as exc:  # noqa: BLE001 - the NPU refused the model: run it on the CPU instead
             log.warning("QNN could not run the model; running on cpu", error=f"{type(exc).__name__}: {exc}")
             self._npu_sessions.clear()
@@ -252,17 +263,6 @@ class OnnxEngine(QueuedEngine):
             return self._forward([seq], self.cross_encoder)
         self.provider = QNN
         return out
-
-    @staticmethod
-    def _nodes_by_provider(profile_file: str) -> dict[str, int]:
-        """Graph nodes per execution provider in an onnxruntime profile (a QNN partition counts as one)."""
-        try:
-            events = json.loads(Path(profile_file).read_text())
-        except (OSError, ValueError):
-            return {}
-        seen = {(e["name"], e["args"]["provider"]) for e in events
-                if e.get("cat") == "Node" and "provider" in e.get("args", {})}  # fmt: skip
-        return dict(Counter(provider for _, provider in seen))
 
     def _lengths(self) -> tuple[int, ...]:
         sizes, n = [], NPU_MIN_LEN
