@@ -20,7 +20,7 @@ from litestar.middleware import DefineMiddleware
 from litestar.plugins import PluginProtocol
 from litestar.plugins.core import MsgspecDIPlugin
 
-from gateway.api import chat, completions, embeddings, health, logits, messages, models, ops, responses, tokens
+from gateway.api import chat, completions, cv, embeddings, health, logits, messages, models, ops, responses, tokens
 from gateway.api.auth import ApiKeyAuth
 from gateway.api.error_body import error_body
 from gateway.api.guards import LOOPBACK_NAMES, BrowserGuard
@@ -194,6 +194,7 @@ def create_app(settings: Settings, lifecycle: Lifecycle | None = None, keys: Key
             *completions.handlers,
             *logits.handlers,
             *embeddings.handlers,
+            *cv.handlers,
             *models.handlers,
             *tokens.handlers,
             *health.handlers,

@@ -197,7 +197,9 @@ class OcrEngine:
 
     def _pipeline(self) -> RapidOCR:
         """RapidOCR with its three parts built on our sessions (its defaults for everything else)."""
-        pipeline = RapidOCR(params={"Global.log_level": "warning", "Global.use_cls": "cls" in self.parts})
+        # Its log lines are plain text on stderr, and its warnings are about the input ("the text
+        # detection result is empty"), which the answer already says: only its errors are logged.
+        pipeline = RapidOCR(params={"Global.log_level": "error", "Global.use_cls": "cls" in self.parts})
         cfg = pipeline.cfg
         pipeline.text_det = TextDetector(self._config(cfg.Det, self.parts["det"]))
         if "cls" in self.parts:
