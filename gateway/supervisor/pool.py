@@ -30,6 +30,7 @@ from gateway.supervisor.eviction import Resident, plan_evictions
 from gateway.supervisor.handle import Happened, WorkerEvent, WorkerHandle, WorkerSpec
 from gateway.supervisor.memory import (
     EMBED_BATCH_TOKENS,
+    ENGINE_WORKING_BYTES,
     embedding_kv_tokens,
     estimate_worker_bytes,
     worker_engine,
@@ -168,7 +169,7 @@ class WorkerPool:
         engine = worker_engine(entry)
         kv_tokens = embedding_kv_tokens(entry.path) if engine == "llama_embed" else key.nctx * parallel
         cache_mb = s.cache_ram_mb if engine == "llama_cpp" else 0  # the chat engine's prompt cache
-        need = estimate_worker_bytes(entry.path, kv_tokens) + (cache_mb << 20)
+        need = estimate_worker_bytes(entry.path, kv_tokens) + (cache_mb << 20) + ENGINE_WORKING_BYTES.get(engine, 0)
         spec = WorkerSpec(
             key=key,
             model_path=entry.path,

@@ -175,6 +175,9 @@ class OcrEngine:
         so.inter_op_num_threads = 1
         so.log_severity_level = 3
         so.add_session_config_entry("session.intra_op.allow_spinning", "0")  # workers share the cores
+        # Every image has its own input shapes: an arena would keep the largest image's activations
+        # (about 1 GiB at the bounds) for the worker's life. RapidOCR's own sessions turn it off too.
+        so.enable_cpu_mem_arena = False
         return so
 
     def _session(self, path: Path, *, npu: bool = False) -> ort.InferenceSession:
