@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from gateway.models.store import OCR_MODEL_ID
 from protocol.limits import INT32_MAX
 
 MAX_TOKENS = 4
@@ -26,7 +27,7 @@ def bound_body(path: str, body: Any, model: str, nctx: int) -> None:
         return
     # Any other name is a 400 or 404 at once; the interesting paths start with a model that loads.
     if isinstance(body.get("model"), str):
-        body["model"] = model
+        body["model"] = OCR_MODEL_ID if path == "/v1/cv" else model
     for key in TOKEN_FIELDS:
         if _in_range(body.get(key)):
             body[key] = min(body[key], MAX_TOKENS)

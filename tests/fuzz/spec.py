@@ -2,8 +2,8 @@
 deviations from it, each one named and explained here rather than hidden in the checks.
 
 `openapi-current.yaml` gives chat completions, logits and models; the earlier full spec (only as
-flattened text, transcribed in earlier.yaml) gives embeddings and reranking. The earlier spec's
-audio, image and vision endpoints are not served yet; test_fuzz.py checks they answer 404.
+flattened text, transcribed in earlier.yaml) gives embeddings, reranking and computer vision. The
+earlier spec's audio and image endpoints are not served yet; test_fuzz.py checks they answer 404.
 """
 
 from __future__ import annotations

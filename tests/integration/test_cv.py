@@ -10,6 +10,7 @@ from __future__ import annotations
 import base64
 import importlib.util
 import io
+import json
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -184,3 +185,23 @@ def test_listed_with_its_capability(server: ServerProcess) -> None:
     models = httpx.get(f"{server.base_url}/v1/models", timeout=10).json()["data"]
     ocr = next(m for m in models if m["id"] == OCR_MODEL_ID)
     assert ocr["capabilities"] == ["ocr"] and ocr["engine"] == "ocr"
+
+
+@pytest.mark.skipif(importlib.util.find_spec("onnxruntime_qnn") is None, reason="needs the onnxruntime-qnn plugin")
+def test_npu_reads_the_same_and_says_which_graph_ran_where(server: ServerProcess) -> None:
+    """QNN's HTP backend (a simulator on x86_64) wants static shapes, and these graphs are sized per
+    image: each graph runs on QNN only if QNN took a part of it at load, else on the CPU, and the
+    worker's log says which."""
+    r = cv(server, base64.b64encode(HELLO.png).decode(), compute="npu")
+    assert r.status_code == 200, r.text
+    check_read(r.json(), HELLO)
+    events = [json.loads(line) for line in server.log().splitlines() if line.startswith("{")]
+    loaded = [e for e in events if e.get("event") == "ocr model loaded" and ".npu." in e.get("worker", "")]
+    assert len(loaded) == 1, loaded
+    providers = loaded[0]["providers"]
+    assert set(providers) == {"det", "cls", "rec"}
+    assert set(providers.values()) <= {"QNNExecutionProvider", "CPUExecutionProvider"}
+    if "CPUExecutionProvider" in providers.values():  # the reason is in the log
+        assert any(e.get("level") == "warning" and ".npu." in e.get("worker", "") for e in events)
+    r = httpx.post(f"{server.base_url}/v1/models/unload", json={"model": OCR_MODEL_ID, "compute": "npu"}, timeout=60)
+    assert r.status_code == 200, r.text
