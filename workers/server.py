@@ -36,6 +36,7 @@ from protocol.wire import (
     Text,
     Tokenize,
     TokenList,
+    Transcribe,
     Warmup,
     worker_codec,
 )
@@ -92,7 +93,7 @@ class WorkerServer:
 
     def _handle(self, msg: object) -> None:
         match msg:
-            case Generate() | CountTokens() | Logits() | Embed() | Rerank():
+            case Generate() | CountTokens() | Logits() | Embed() | Rerank() | Transcribe():
                 if type(msg) not in self.engine.serves:
                     self.send(
                         Failed(msg.req_id, ErrorKind.UNSUPPORTED, f"this model does not support {TASKS[type(msg)]}")

@@ -61,6 +61,8 @@ from protocol.wire import (
     Tokenize,
     TokenList,
     ToWorker,
+    Transcribe,
+    Transcript,
     Warmup,
     gateway_codec,
 )
@@ -68,8 +70,8 @@ from protocol.wire import (
 log = structlog.get_logger("gateway.worker")
 
 Streamed = Started | Delta | Done  # what a generation yields
-OneShot = CountTokens | Tokenize | Detokenize | Logits | Embed | Rerank  # requests answered with one reply
-Answer = TokenCount | TokenList | Text | LogitRows | Embeddings | Scores
+OneShot = CountTokens | Tokenize | Detokenize | Logits | Embed | Rerank | Transcribe  # requests answered with one reply
+Answer = TokenCount | TokenList | Text | LogitRows | Embeddings | Scores | Transcript
 
 
 class WorkerSpec(msgspec.Struct, frozen=True, kw_only=True):

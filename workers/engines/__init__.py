@@ -19,6 +19,7 @@ from protocol.wire import (
     Logits,
     Ready,
     Rerank,
+    Transcribe,
 )
 
 
@@ -36,11 +37,11 @@ class EngineError(Exception):
 
 
 Emit = Callable[[FromWorker], None]
-Request = Generate | CountTokens | Logits | Embed | Rerank  # what an engine may be asked to do
+Request = Generate | CountTokens | Logits | Embed | Rerank | Transcribe  # what an engine may be asked to do
 
 # What each request kind asks of an engine, as a refusal names it.
 TASKS: dict[type, str] = {Generate: "text generation", CountTokens: "chat token counts", Logits: "logits",
-                          Embed: "embeddings", Rerank: "reranking"}  # fmt: skip
+                          Embed: "embeddings", Rerank: "reranking", Transcribe: "transcription"}  # fmt: skip
 
 
 class Engine(Protocol):
@@ -110,6 +111,8 @@ ENGINES: dict[str, str] = {
     "llama_cpp": "workers.engines.llama.engine:load",
     "llama_embed": "workers.engines.llama_embed:load",
     "onnx": "workers.engines.onnx:load",
+    # A CTranslate2 Whisper folder: speech to text through faster-whisper (the `audio` extra).
+    "whisper": "workers.engines.whisper:load",
     # Behaves as its JSON "model file" says (delays, crashes, hangs): tests of the supervision.
     "fake": "workers.engines.fake:load",
 }
