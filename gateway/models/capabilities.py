@@ -6,6 +6,7 @@ CAPABILITIES: dict[str, list[str]] = {
     "llama_cpp": ["chat", "completion", "tools", "logits"],
     "llama_embed": ["embeddings", "rerank"],
     "onnx": ["embeddings", "rerank"],
+    "whisper": ["transcription"],
 }
 
 
