@@ -236,6 +236,11 @@ def test_other_bodies_are_refused(server: ServerProcess, url: str) -> None:
     assert r.status_code == 400 and "file part" in r.json()["error"]
     r = httpx.post(url, content=b"--x\r\nbroken", headers={"content-type": "multipart/form-data; boundary=x"})
     assert r.status_code == 400, r.text
+    latin1 = b'--x\r\nContent-Disposition: form-data; name="language"\r\n\r\n\xe9\xff\r\n--x--\r\n'
+    r = httpx.post(url, content=latin1, headers={"content-type": "multipart/form-data; boundary=x"})
+    assert r.status_code == 400 and "UTF-8" in r.json()["error"], r.text
+    r = httpx.post(url, files={"model": ("model.txt", WHISPER_MODEL.encode())}, timeout=10)
+    assert r.status_code == 400 and "`model` must be a text field" in r.json()["error"], r.text
 
 
 def test_a_form_from_a_web_page_is_refused(url: str) -> None:
