@@ -118,7 +118,7 @@ def test_every_registered_engine_declares_what_it_serves() -> None:
     import importlib
     import typing
 
-    from protocol.wire import CountTokens, Generate, Logits
+    from protocol.wire import CountTokens, Generate, Logits, Transcribe
     from workers.engines import ENGINES
 
     declared = {}
@@ -127,7 +127,7 @@ def test_every_registered_engine_declares_what_it_serves() -> None:
         engine_class = typing.get_type_hints(getattr(importlib.import_module(module), factory))["return"]
         declared[name] = engine_class.serves
     assert declared == {"llama_cpp": (Generate, CountTokens, Logits), "llama_embed": (Embed, Rerank), "onnx": (Embed, Rerank),
-                        "fake": (Generate,)}  # fmt: skip
+                        "fake": (Generate,), "whisper": (Transcribe,)}  # fmt: skip
 
 
 @pytest.mark.parametrize(
