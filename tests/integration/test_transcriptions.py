@@ -74,6 +74,12 @@ def check_cues(cues: list[tuple[float, float, str]], duration: float) -> None:
         assert text.strip()
 
 
+def test_the_model_is_listed_with_its_capability(client: openai.OpenAI, url: str) -> None:
+    model = client.models.retrieve(WHISPER_MODEL).model_dump()
+    assert (model["engine"], model["capabilities"], model["quantization"]) == ("whisper", ["transcription"], "ct2-fp16")
+    assert model["loaded"], "the warm-up left the worker loaded"
+
+
 def test_the_sdk_transcribes_beckett_within_the_word_error_rate(client: openai.OpenAI, url: str) -> None:
     with beckett_path().open("rb") as f:
         r = client.audio.transcriptions.create(model=WHISPER_MODEL, file=f, response_format="json")
