@@ -15,6 +15,7 @@ import re
 import wave
 from pathlib import Path
 
+import av
 import numpy as np
 
 WHISPER_MODEL = "openai/whisper-tiny.en:ct2-fp16"
@@ -72,3 +73,17 @@ def word_error_rate(reference: str, hypothesis: str) -> float:
         for j, h in enumerate(hyp, start=1):
             prev, row[j] = row[j], min(row[j] + 1, row[j - 1] + 1, prev + (r != h))
     return row[-1] / max(1, len(ref))
+
+
+def encoded(container: str, codec: str, rate: int) -> bytes:
+    """beckett.wav re-encoded by PyAV (FFmpeg's encoders): what a browser or phone would upload."""
+    pcm = beckett_pcm()
+    buf = io.BytesIO()
+    with av.open(buf, "w", format=container) as out:
+        stream = out.add_stream(codec, rate=rate)
+        stream.layout = "mono"
+        frame = av.AudioFrame.from_ndarray(pcm[None, :], format="s16", layout="mono")
+        frame.sample_rate = 16_000
+        for packet in (*stream.encode(frame), *stream.encode(None)):
+            out.mux(packet)
+    return buf.getvalue()

@@ -10,14 +10,12 @@ here are real speech rearranged (the clip repeated with silence between), re-enc
 from __future__ import annotations
 
 import concurrent.futures
-import io
 import math
 import re
 import time
 from collections.abc import Iterator
 from typing import Any
 
-import av
 import httpx
 import numpy as np
 import openai
@@ -31,6 +29,7 @@ from tests.speech import (
     WHISPER_MODEL,
     beckett_path,
     beckett_pcm,
+    encoded,
     repeated_beckett,
     wav_bytes,
     word_error_rate,
@@ -158,20 +157,6 @@ def test_word_timestamps_and_usage(client: openai.OpenAI, server: ServerProcess,
     assert after["requests"] - before["requests"] == 1
     assert after["prompt_tokens"] - before["prompt_tokens"] == math.ceil(r.duration)
     assert after["completion_tokens"] - before["completion_tokens"] == sum(len(s.tokens) for s in r.segments or [])
-
-
-def encoded(container: str, codec: str, rate: int) -> bytes:
-    """beckett.wav re-encoded by PyAV (FFmpeg's encoders): what a browser or phone would upload."""
-    pcm = beckett_pcm()
-    buf = io.BytesIO()
-    with av.open(buf, "w", format=container) as out:
-        stream = out.add_stream(codec, rate=rate)
-        stream.layout = "mono"
-        frame = av.AudioFrame.from_ndarray(pcm[None, :], format="s16", layout="mono")
-        frame.sample_rate = 16_000
-        for packet in (*stream.encode(frame), *stream.encode(None)):
-            out.mux(packet)
-    return buf.getvalue()
 
 
 @pytest.mark.parametrize(("container", "codec", "rate"), [("mp3", "libmp3lame", 16_000), ("webm", "libopus", 48_000)])

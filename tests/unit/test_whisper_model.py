@@ -15,7 +15,7 @@ from gateway.errors import BadRequest
 from gateway.models.ctranslate2 import read_header, whisper_precision
 from gateway.models.store import BUNDLED, WHISPER_MODEL_ID, ModelStore
 from protocol.languages import WHISPER_LANGUAGES
-from tests.speech import beckett_path, beckett_pcm, wav_bytes
+from tests.speech import beckett_path, beckett_pcm, encoded, wav_bytes
 
 
 def whisper_folder() -> Path:
@@ -69,3 +69,14 @@ def test_decode_reads_the_clip_and_refuses_what_is_not_audio() -> None:
         decode(b"ffconcat version 1.0\nfile model.bin\n")
     with pytest.raises(EngineError, match="longer than 5 seconds"):
         decode(wav_bytes(np.zeros(16_000 * 6, dtype="<i2")), max_seconds=5)
+
+
+def test_decode_skips_a_damaged_stretch_and_goes_on() -> None:
+    """Synthetic damage: 3,000 random bytes over the middle of the clip as mp3 (PyAV's encoder)."""
+    from workers.engines.whisper import decode
+
+    mp3 = encoded("mp3", "libmp3lame", 16_000)
+    mid = len(mp3) // 2
+    noise = np.random.default_rng(0).integers(0, 256, 3000, dtype=np.uint8).tobytes()
+    damaged = decode(mp3[:mid] + noise + mp3[mid + 3000 :])
+    assert 0.8 * len(beckett_pcm()) < len(damaged) < len(beckett_pcm())  # only about the damaged second is lost

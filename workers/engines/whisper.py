@@ -106,7 +106,7 @@ def decode(data: bytes, max_seconds: float = MAX_TRANSCRIPTION_SECONDS) -> np.nd
             if not container.streams.audio:
                 raise EngineError("`file` holds no audio stream")
             fifo = av.AudioFifo()
-            for frame in _valid_frames(container.decode(audio=0)):
+            for frame in _frames(container, container.streams.audio[0]):
                 frame.pts = None  # FIFO and resampler check timestamps that broken files get wrong
                 fifo.write(frame)
                 if fifo.samples >= FRAMES_PER_RESAMPLE:
@@ -121,13 +121,12 @@ def decode(data: bytes, max_seconds: float = MAX_TRANSCRIPTION_SECONDS) -> np.nd
     return np.concatenate(chunks).astype(np.float32) / 32768.0
 
 
-def _valid_frames(frames: Iterator[av.AudioFrame]) -> Iterator[av.AudioFrame]:
-    """Skip frames FFmpeg reports as corrupt, as players do (a damaged packet mid-file)."""
-    while True:
+def _frames(container: av.container.InputContainer, stream: av.AudioStream) -> Iterator[av.AudioFrame]:
+    """The stream's frames, a packet at a time: a packet FFmpeg finds corrupt is skipped, as players
+    do, and the audio after it still comes (decoding frame by frame would end at the first one)."""
+    for packet in container.demux(stream):
         try:
-            yield next(frames)
-        except StopIteration:
-            return
+            yield from packet.decode()
         except av.InvalidDataError:
             continue
 
