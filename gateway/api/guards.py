@@ -2,6 +2,9 @@
 
 - A page may POST a `text/plain` body to any address without a CORS preflight: every request
   with a body must say `application/json`, else 415 (the OpenAI SDKs and curl with `-H` do).
+  The routes whose spec takes `multipart/form-data` (FORM_PATHS) take it too; a page can post
+  such a form without a preflight as well, but a browser always names the page in `Origin`, so
+  a form whose Origin is not one of `--origins` is refused (403). The SDKs and curl send none.
 - DNS rebinding lets a page on an attacker's domain reach 127.0.0.1 under its own host name, and
   then read the answers: the `Host` header must be one this server answers to (loopback names and
   the address it is bound to, plus `--allowed-host`), else 403.
@@ -18,6 +21,8 @@ from gateway.api.error_body import send_error
 LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "::1"})
 WITH_BODY = frozenset({"POST", "PUT", "PATCH"})
 JSON_TYPES = (b"application/json",)
+FORM_TYPE = b"multipart/form-data"
+FORM_PATHS = frozenset({"/v1/audio/transcriptions"})
 
 
 def host_name(header: str) -> str:
@@ -28,10 +33,12 @@ def host_name(header: str) -> str:
 
 
 class BrowserGuard:
-    def __init__(self, app: ASGIApp, allowed_hosts: frozenset[str] | None) -> None:
-        """`allowed_hosts` None: any Host header (the operator said `--allowed-host '*'`)."""
+    def __init__(self, app: ASGIApp, allowed_hosts: frozenset[str] | None, origins: tuple[str, ...] = ()) -> None:
+        """`allowed_hosts` None: any Host header (the operator said `--allowed-host '*'`);
+        `origins`: the operator's `--origins` (`*`: any), whose pages may post forms."""
         self.app = app
         self.allowed_hosts = allowed_hosts
+        self.origins = frozenset(origins)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -45,7 +52,15 @@ class BrowserGuard:
             return
         if cast("HTTPScope", scope)["method"] in WITH_BODY:
             ctype = headers.get(b"content-type", b"").split(b";")[0].strip().lower()
-            if ctype not in JSON_TYPES:
-                await send_error(send, scope["path"], 415, "`Content-Type` must be application/json")
+            if ctype == FORM_TYPE and scope["path"] in FORM_PATHS:
+                origin = headers.get(b"origin")
+                if origin is not None and "*" not in self.origins and origin.decode("latin-1") not in self.origins:
+                    await send_error(send, scope["path"], 403, f"a form posted from the web page {origin.decode('latin-1')[:100]!r} "
+                                     "is refused (a page may post a form to any address); its operator can allow the "
+                                     "origin with --origins")  # fmt: skip
+                    return
+            elif ctype not in JSON_TYPES:
+                need = "multipart/form-data" if scope["path"] in FORM_PATHS else "application/json"
+                await send_error(send, scope["path"], 415, f"`Content-Type` must be {need}")
                 return
         await self.app(scope, receive, send)

@@ -7,6 +7,7 @@ CAPABILITIES: dict[str, list[str]] = {
     "llama_embed": ["embeddings", "rerank"],
     "onnx": ["embeddings", "rerank"],
     "ocr": ["ocr"],  # /v1/cv
+    "whisper": ["transcription"],
 }
 
 

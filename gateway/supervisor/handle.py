@@ -63,6 +63,8 @@ from protocol.wire import (
     Tokenize,
     TokenList,
     ToWorker,
+    Transcribe,
+    Transcript,
     Warmup,
     gateway_codec,
 )
@@ -70,8 +72,9 @@ from protocol.wire import (
 log = structlog.get_logger("gateway.worker")
 
 Streamed = Started | Delta | Done  # what a generation yields
-OneShot = CountTokens | Tokenize | Detokenize | Logits | Embed | Rerank | Recognize  # requests answered with one reply
-Answer = TokenCount | TokenList | Text | LogitRows | Embeddings | Scores | TextRegions
+# Requests answered with one reply, and those replies.
+OneShot = CountTokens | Tokenize | Detokenize | Logits | Embed | Rerank | Recognize | Transcribe
+Answer = TokenCount | TokenList | Text | LogitRows | Embeddings | Scores | TextRegions | Transcript
 
 
 class WorkerSpec(msgspec.Struct, frozen=True, kw_only=True):

@@ -118,7 +118,7 @@ def test_every_registered_engine_declares_what_it_serves() -> None:
     import importlib
     import typing
 
-    from protocol.wire import CountTokens, Generate, Logits, Recognize
+    from protocol.wire import CountTokens, Generate, Logits, Recognize, Transcribe
     from workers.engines import ENGINES
 
     declared = {}
@@ -126,8 +126,14 @@ def test_every_registered_engine_declares_what_it_serves() -> None:
         module, _, factory = target.partition(":")
         engine_class = typing.get_type_hints(getattr(importlib.import_module(module), factory))["return"]
         declared[name] = engine_class.serves
-    assert declared == {"llama_cpp": (Generate, CountTokens, Logits), "llama_embed": (Embed, Rerank), "onnx": (Embed, Rerank),
-                        "ocr": (Recognize,), "fake": (Generate,)}  # fmt: skip
+    assert declared == {
+        "llama_cpp": (Generate, CountTokens, Logits),
+        "llama_embed": (Embed, Rerank),
+        "onnx": (Embed, Rerank),
+        "ocr": (Recognize,),
+        "whisper": (Transcribe,),
+        "fake": (Generate,),
+    }
 
 
 @pytest.mark.parametrize(

@@ -20,6 +20,7 @@ from protocol.wire import (
     Ready,
     Recognize,
     Rerank,
+    Transcribe,
 )
 
 
@@ -37,11 +38,17 @@ class EngineError(Exception):
 
 
 Emit = Callable[[FromWorker], None]
-Request = Generate | CountTokens | Logits | Embed | Rerank | Recognize  # what an engine may be asked to do
-
-# What each request kind asks of an engine, as a refusal names it.
-TASKS: dict[type, str] = {Generate: "text generation", CountTokens: "chat token counts", Logits: "logits",
-                          Embed: "embeddings", Rerank: "reranking", Recognize: "text recognition (OCR)"}  # fmt: skip
+# What an engine may be asked to do, and what each request kind asks of it, as a refusal names it.
+Request = Generate | CountTokens | Logits | Embed | Rerank | Recognize | Transcribe
+TASKS: dict[type, str] = {
+    Generate: "text generation",
+    CountTokens: "chat token counts",
+    Logits: "logits",
+    Embed: "embeddings",
+    Rerank: "reranking",
+    Recognize: "text recognition (OCR)",
+    Transcribe: "transcription",
+}
 
 
 class Engine(Protocol):
@@ -114,6 +121,8 @@ ENGINES: dict[str, str] = {
     # PP-OCR text detection + recognition (ONNX graphs on our onnxruntime sessions; RapidOCR's
     # pre- and post-processing): /v1/cv.
     "ocr": "workers.engines.ocr:load",
+    # A CTranslate2 Whisper folder: speech to text through faster-whisper (the `audio` extra).
+    "whisper": "workers.engines.whisper:load",
     # Behaves as its JSON "model file" says (delays, crashes, hangs): tests of the supervision.
     "fake": "workers.engines.fake:load",
 }

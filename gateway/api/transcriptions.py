@@ -1,0 +1,136 @@
+"""POST /v1/audio/transcriptions: speech to text, one multipart request, one reply from the worker.
+
+Litestar parses the form: its multipart parser (the `multipart` package underneath) streams the
+upload to a spooled file and stops at the server's --max-body with a 413. The file's bytes go to
+the worker as they are; the worker decodes them (any format FFmpeg reads), bounded in duration,
+and answers with the segments. This handler checks the fields, picks the worker, and renders the
+reply in the asked format.
+
+No `file` is a warm-up: the model is loaded and the answer is `null`. Usage is counted in the
+ledger as seconds of audio (prompt_tokens, rounded up) and the transcript's tokens (completion_tokens).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import msgspec
+from litestar import MediaType, Request, Response, post
+from litestar.datastructures import FormMultiDict, UploadFile
+from litestar.di import NamedDependency
+
+from gateway.api import transcript_formats as formats
+from gateway.api.auth import caller_of
+from gateway.api.body import validation_error
+from gateway.api.disconnect import unless_disconnected
+from gateway.api.request_id import current_request_id
+from gateway.api.services import Services
+from gateway.errors import BadRequest, GenieXError, Unsupported
+from gateway.models.store import WHISPER_MODEL_ID
+from gateway.supervisor.handle import Answer, WorkerHandle
+from protocol.languages import WHISPER_LANGUAGES
+from protocol.transcriptions import TranscriptionForm
+from protocol.wire import Transcribe, Transcript
+
+CAPABILITY = "transcription"
+# OpenAI's SDKs send a list as repeated `name[]` parts.
+LIST_FIELDS = {
+    "timestamp_granularities[]": "timestamp_granularities",
+    "timestamp_granularities": "timestamp_granularities",
+}
+# Litestar adds `; charset=utf-8` to text types.
+TEXT_TYPES = {"text": MediaType.TEXT, "srt": MediaType.TEXT, "vtt": "text/vtt"}
+
+
+class NotAForm(GenieXError):
+    status = 415
+
+
+async def read_form(request: Request) -> FormMultiDict:
+    # gateway/api/guards.py lets JSON through to every route; this one takes a form only.
+    if request.content_type[0] != "multipart/form-data":
+        raise NotAForm("`Content-Type` must be multipart/form-data, with the audio as the `file` part")
+    try:
+        return await request.form()
+    except UnicodeDecodeError:
+        raise BadRequest("a form field is not UTF-8 text") from None
+
+
+def split_form(form: FormMultiDict) -> tuple[TranscriptionForm, UploadFile | None]:
+    """The text fields as a TranscriptionForm, and the uploaded `file` (None: a warm-up)."""
+    fields: dict[str, Any] = {}
+    upload: UploadFile | None = None
+    for key, value in form.multi_items():
+        name = LIST_FIELDS.get(key, key)
+        if name == "file":
+            if not isinstance(value, UploadFile):
+                raise BadRequest("`file` must be a file part of the form (one with a filename), not a text field")
+            if upload is not None:
+                raise BadRequest("`file` is given more than once; one audio file per request")
+            upload = value
+        elif isinstance(value, UploadFile):
+            raise BadRequest(f"`{key}` must be a text field, not a file")
+        elif name in LIST_FIELDS.values():
+            fields.setdefault(name, []).append(value)
+        elif name in fields:
+            raise BadRequest(f"`{key}` is given more than once")
+        else:
+            fields[name] = value
+    try:
+        return msgspec.convert(fields, TranscriptionForm, strict=False), upload
+    except msgspec.ValidationError as exc:
+        raise validation_error(exc) from None
+
+
+def render(t: Transcript, response_format: str, words: bool) -> Response[bytes]:
+    if response_format == "json":
+        return Response(msgspec.json.encode(formats.as_json(t)), media_type=MediaType.JSON)
+    if response_format == "verbose_json":
+        return Response(msgspec.json.encode(formats.as_verbose(t, words)), media_type=MediaType.JSON)
+    text = {"srt": formats.srt, "vtt": formats.vtt}.get(response_format, formats.text_of)(t)
+    return Response(text.encode(), media_type=TEXT_TYPES[response_format])
+
+
+async def _ask(request: Request, worker: WorkerHandle, model: str, message: Transcribe) -> Answer:
+    try:
+        return await unless_disconnected(request, worker.call(message))
+    except Unsupported as exc:
+        raise Unsupported(f"`model`: {model}: {exc.message}") from None
+
+
+@post("/v1/audio/transcriptions", status_code=200)
+async def transcriptions(request: Request, services: NamedDependency[Services]) -> Response[bytes]:
+    form = await read_form(request)
+    try:
+        data, upload = split_form(form)
+        if data.stream:
+            raise BadRequest("`stream`: streaming transcription is not supported; leave it out or false")
+        entry = services.model_for(data.model, CAPABILITY, default=WHISPER_MODEL_ID)
+        language = (data.language or "").strip().lower()
+        if language and language not in WHISPER_LANGUAGES:
+            raise BadRequest(f"`language`: {data.language!r} is not a language Whisper knows; give an ISO 639-1 "
+                             "code such as 'en'")  # fmt: skip
+        words = "word" in data.timestamp_granularities
+        if data.timestamp_granularities and data.response_format != "verbose_json":
+            raise BadRequest("`timestamp_granularities` needs `response_format` verbose_json")
+        audio = await upload.read() if upload is not None else None
+        if audio is not None and not audio:
+            raise BadRequest("`file` is empty")
+
+        accounting = services.accounting(entry.id, caller_of(request), None)
+        worker = await accounting.guard(services.worker(entry, compute=data.compute))
+        if audio is None:  # a warm-up: the model is loaded now, nothing to transcribe
+            await accounting.guard(worker.warmup())
+            accounting.settle("ok", 0, 0)
+            return Response(b"null", media_type=MediaType.JSON)
+        message = Transcribe(0, current_request_id() or "", audio, language, data.prompt or "", data.temperature, words)
+        reply = await accounting.guard(_ask(request, worker, entry.id, message))
+        assert isinstance(reply, Transcript)
+        accounting.settle("ok", math.ceil(reply.duration), sum(len(s.tokens) for s in reply.segments))
+        return render(reply, data.response_format, words)
+    finally:
+        await form.close()
+
+
+handlers = [transcriptions]
