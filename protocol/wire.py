@@ -1,9 +1,9 @@
 """Messages between the gateway and a worker: two tagged unions, msgpack-encoded.
 
-Gateway -> worker: Generate, CountTokens, Tokenize, Detokenize, Logits, Embed, Rerank, Recognize, Transcribe, Warmup,
-Cancel, Shutdown, SetThreads.
+Gateway -> worker: Generate, CountTokens, Tokenize, Detokenize, Logits, Embed, Rerank, Recognize, Transcribe, Diarize,
+Warmup, Cancel, Shutdown, SetThreads.
 Worker -> gateway: Ready, Started, Delta, Done, Failed, TokenCount, TokenList, Text, LogitRows, Embeddings, Scores,
-TextRegions, Transcript, Dying.
+TextRegions, Transcript, Diarization, Dying.
 
 Hot-path structs are `array_like` (no field names on the wire) and `gc=False`.
 No pickle crosses the boundary: decoders are typed, so anything else is refused.
@@ -210,6 +210,15 @@ class Transcribe(msgspec.Struct, tag="transcribe", array_like=True, omit_default
     words: bool = False
 
 
+class Diarize(msgspec.Struct, tag="diarize", array_like=True):
+    """Who spoke when in `audio`, an encoded audio file (WAV, FLAC, Ogg, MP3: what libsndfile
+    reads); answered with Diarization. The worker bounds its length (limits.MAX_DIARIZE_SECONDS)."""
+
+    req_id: int
+    log_id: str
+    audio: bytes
+
+
 ToWorker = (
     Generate
     | CountTokens
@@ -220,6 +229,7 @@ ToWorker = (
     | Rerank
     | Recognize
     | Transcribe
+    | Diarize
     | Warmup
     | Cancel
     | Shutdown
@@ -432,6 +442,22 @@ class Transcript(msgspec.Struct, tag="transcript", array_like=True):
     words: list[TranscriptWord] = []
 
 
+class SpeakerTurn(msgspec.Struct, array_like=True, frozen=True):
+    """One stretch of speech by one speaker, in seconds from the start of the audio."""
+
+    start: float
+    end: float
+    speaker: str
+
+
+class Diarization(msgspec.Struct, tag="diarization", array_like=True):
+    """The answer to Diarize: the speaker turns in time order, and the seconds of audio read."""
+
+    req_id: int
+    turns: list[SpeakerTurn]
+    duration: float
+
+
 FromWorker = (
     Ready
     | Started
@@ -448,6 +474,7 @@ FromWorker = (
     | Transcript
     | Dying
     | TextRegions
+    | Diarization
 )
 
 
