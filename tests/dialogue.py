@@ -17,6 +17,7 @@ import functools
 import importlib.util
 import io
 import json
+import os
 import shutil
 import subprocess
 import tempfile
@@ -58,6 +59,10 @@ def _phonemes(text: str, voice: str) -> str:
 
 @functools.cache
 def _piper() -> tuple[object, dict[str, list[int]], dict[str, float], int]:
+    # onnxruntime 1.29 and later send telemetry from Linux too (a DNS lookup of
+    # mobile.events.data.microsoft.com during session.run, seen with strace); this turns it off,
+    # when set before onnxruntime first initialises in the process.
+    os.environ.setdefault("ORT_DISABLE_TELEMETRY", "1")
     import onnxruntime as ort
 
     folder = piper_dir()
@@ -131,13 +136,15 @@ SCRIPT: tuple[tuple[str, str], ...] = (
 
 
 @functools.cache
-def dialogue(gap_s: float = 0.5, lead_s: float = 0.5) -> tuple[np.ndarray, tuple[Turn, ...]]:
-    """The script spoken turn by turn with `gap_s` of silence between turns: (16 kHz float32
+def dialogue(
+    script: tuple[tuple[str, str], ...] = SCRIPT, gap_s: float = 0.5, lead_s: float = 0.5
+) -> tuple[np.ndarray, tuple[Turn, ...]]:
+    """`script` spoken turn by turn with `gap_s` of silence between turns: (16 kHz float32
     samples, the known turns)."""
     parts: list[np.ndarray] = [np.zeros(int(lead_s * RATE), dtype=np.float32)]
     turns: list[Turn] = []
     t = lead_s
-    for speaker, text in SCRIPT:
+    for speaker, text in script:
         speech = trim(piper_speech(text) if speaker == "piper" else espeak_speech(text))
         speech = 0.5 * speech / max(float(np.abs(speech).max()), 1e-9)  # the same loudness for both voices
         turns.append(Turn(speaker, t, t + len(speech) / RATE))
