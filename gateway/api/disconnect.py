@@ -39,6 +39,8 @@ async def unless_disconnected(request: Request, work: Awaitable[T]) -> T:
         if not task.done():
             task.cancel()
             log.info("client disconnected; request cancelled")
-    if task.cancelled():
+    # A task cancelled just above is not `cancelled()` yet (that takes its next turn on the loop),
+    # so "not done" means the client left too; asking it for a result would raise InvalidStateError.
+    if not task.done() or task.cancelled():
         raise ClientGone("client disconnected before the response was ready")
     return task.result()
