@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import base64
 import io
+import json
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -146,3 +148,26 @@ def test_silence_has_no_speakers(server: ServerProcess) -> None:
     r = diarize(server, data_url(wav_bytes(np.zeros(3 * RATE, dtype=np.float32))))
     assert r.status_code == 200, r.text
     assert r.json() == {"segments": [], "num_speakers": 0, "duration": 3.0}
+
+
+def test_a_client_leaving_cancels_the_job_between_steps(
+    server: ServerProcess, spoken: tuple[np.ndarray, tuple[Turn, ...]]
+) -> None:
+    """Five minutes of audio is minutes of work; the client gives up after two seconds. The
+    worker drops the job at its next step (it confirms the Cancel) and serves the next request."""
+    audio, _ = spoken
+    long = data_url(wav_bytes(np.concatenate([audio] * 15)))
+    before = len(server.log())
+    confirmed = server.log().count("cancel confirmed")
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(f"{server.base_url}/v1/audio/diarize", json={"model": MODEL, "audio": long}, timeout=2)
+    deadline = time.monotonic() + 120  # a bound on waiting, not a speed claim
+    while server.log().count("cancel confirmed") == confirmed:
+        assert time.monotonic() < deadline, "the diarization was not cancelled"
+        time.sleep(0.2)
+    r = diarize(server, data_url(wav_bytes(np.zeros(RATE, dtype=np.float32))))
+    assert r.status_code == 200, r.text
+    since = server.log()[before:]
+    assert '"outcome": "cancelled"' in since and "unexpected error" not in since, since[-3000:]
+    finished = [json.loads(line) for line in since.splitlines() if '"event": "diarized"' in line]
+    assert all(e["audio_seconds"] < 60 for e in finished), "the long job ran to its end"
