@@ -11,6 +11,9 @@ import sys
 from protocol.startup import skip_rich
 
 skip_rich()  # before structlog is imported, below
+# onnxruntime (the ONNX, OCR, speech and diarization engines) otherwise looks up Microsoft's
+# telemetry host from Linux during session.run (seen with strace): a local server sends nothing out.
+os.environ.setdefault("ORT_DISABLE_TELEMETRY", "1")
 
 from protocol.logs import configure_logging  # noqa: E402
 

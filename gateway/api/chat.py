@@ -27,7 +27,7 @@ def header_true(request: Request, name: str) -> bool:
 async def chat_completions(request: Request, body: bytes,
                            services: NamedDependency[Services]) -> Response[ChatCompletion] | Response[bytes] | ServerSentEvent:  # fmt: skip
     data = read_json(body, ChatRequest)
-    entry = services.store.resolve(data.model)
+    entry = services.model_for(data.model, "chat")
     # Everything about the request is checked before a model is loaded for it.
     plan = plan_chat(data, current_request_id() or "", services.store, services.settings.grammar_dirs,
                      keep_cache=header_true(request, KEEP_CACHE_HEADER), tenant=tenant_of(request))  # fmt: skip

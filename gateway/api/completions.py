@@ -73,9 +73,7 @@ async def completions(
     request: Request, body: bytes, services: NamedDependency[Services]
 ) -> Response[bytes] | ServerSentEvent:
     data = read_json(body, CompletionRequest)
-    entry = services.store.resolve(data.model)
-    if entry.engine != "llama_cpp":
-        raise BadRequest(f"`model`: {entry.id} is served by {entry.engine}; text completion needs a llama.cpp model")
+    entry = services.model_for(data.model, "completion")
     prompts = _prompts(data)
     base = Generate(
         req_id=0,

@@ -51,9 +51,7 @@ def answer_json(model: str, r: LogitRows) -> bytes:
 @post("/v1/logits", status_code=200)
 async def logits(request: Request, body: bytes, services: NamedDependency[Services]) -> Response[bytes]:
     data = read_json(body, LogitsRequest)
-    entry = services.store.resolve(data.model)
-    if entry.engine != "llama_cpp":
-        raise BadRequest(f"`model`: {entry.id} is served by {entry.engine}; logits need a llama.cpp model")
+    entry = services.model_for(data.model, "logits")
     if not data.input_ids:
         raise BadRequest("`input_ids`: at least one token id is required")
     if data.top_n and (too_many := logit_values(1 if data.last_only else len(data.input_ids), data.top_n)):

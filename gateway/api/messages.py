@@ -34,7 +34,7 @@ async def create_message(request: Request, body: bytes,
                          services: NamedDependency[Services]) -> Response[a.Message] | ServerSentEvent:  # fmt: skip
     data = read_json(body, a.MessagesRequest)
     req = chat_request(data)
-    entry = services.store.resolve(data.model)
+    entry = services.model_for(data.model, "chat")
     plan = plan_chat(req, current_request_id() or "", services.store, services.settings.grammar_dirs,
                      keep_cache=header_true(request, KEEP_CACHE_HEADER), tenant=tenant_of(request))  # fmt: skip
     accounting = services.accounting(entry.id, caller_of(request), req.user)
@@ -56,7 +56,7 @@ async def count_tokens(body: bytes, services: NamedDependency[Services]) -> Resp
     so nothing is billed (as at Anthropic)."""
     data = read_json(body, a.CountTokensRequest)
     req = chat_request(data)
-    entry = services.store.resolve(data.model)
+    entry = services.model_for(data.model, "chat")
     g = plan_chat(req, current_request_id() or "", services.store, services.settings.grammar_dirs).generate
     worker = await services.worker(entry, prompt_chars=prompt_chars(req.messages))
     reply = await worker.call(CountTokens(0, g.log_id, g.messages or [], g.template_vars, g.tools))

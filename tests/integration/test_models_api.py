@@ -88,3 +88,30 @@ def test_nctx_zero_is_the_server_default_and_compute_is_any_case(server: ServerP
     assert after == before and 2048 in {n for n, _ in after}, "nctx 0 went to the default (2048) worker"
     bad = post(server, "/v1/chat/completions", {"model": MODEL, "messages": hi, "compute": "tpu"})
     assert bad.status_code == 400 and "`compute`" in bad.json()["error"]
+
+
+def test_text_routes_refuse_a_model_of_another_kind_before_loading_it(server: ServerProcess) -> None:
+    """The bundled Whisper model (the audio extra) asked to chat, complete, count or give logits: a
+    400 that names what it is and which models can, and no worker is started for it."""
+    from gateway.models.store import WHISPER_MODEL_ID
+
+    say = [{"role": "user", "content": "hi"}]
+    asks = {
+        "/v1/chat/completions": ({"messages": say, "max_tokens": 1}, "chat"),
+        "/v1/messages": ({"messages": say, "max_tokens": 1}, "chat"),
+        "/v1/responses": ({"input": "hi", "max_output_tokens": 16}, "chat"),
+        "/v1/completions": ({"prompt": "hi", "max_tokens": 1}, "completion"),
+        "/v1/logits": ({"input_ids": [1]}, "logits"),
+    }
+
+    def resident() -> list[int]:
+        return [
+            w["pid"] for w in httpx.get(f"{server.base_url}/v1/models/{WHISPER_MODEL_ID}", timeout=10).json()["loaded"]
+        ]
+
+    before = resident()  # another test of the session may have loaded it for speech to text
+    for path, (body, capability) in asks.items():
+        r = post(server, path, {"model": WHISPER_MODEL_ID, **body})
+        assert r.status_code == 400, (path, r.text)
+        assert f"does not support {capability}; models that do: {MODEL}" in r.text, (path, r.text)
+    assert resident() == before
