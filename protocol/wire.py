@@ -1,9 +1,9 @@
 """Messages between the gateway and a worker: two tagged unions, msgpack-encoded.
 
 Gateway -> worker: Generate, CountTokens, Tokenize, Detokenize, Logits, Embed, Rerank, Recognize, Transcribe, Warmup,
-Cancel, Shutdown, SetThreads.
+Cancel, Shutdown, SetThreads, Speak.
 Worker -> gateway: Ready, Started, Delta, Done, Failed, TokenCount, TokenList, Text, LogitRows, Embeddings, Scores,
-TextRegions, Transcript, Dying.
+TextRegions, Transcript, Dying, Audio.
 
 Hot-path structs are `array_like` (no field names on the wire) and `gc=False`.
 No pickle crosses the boundary: decoders are typed, so anything else is refused.
@@ -210,6 +210,22 @@ class Transcribe(msgspec.Struct, tag="transcribe", array_like=True, omit_default
     words: bool = False
 
 
+class Speak(msgspec.Struct, tag="speak", array_like=True, omit_defaults=True):
+    """Text to speech: `text` spoken sentence by sentence, answered with an Audio per sentence (at
+    least one, so the gateway always learns the sample rate), then Done (`prompt_tokens`: the
+    phoneme ids the model read). `speed` divides the voice's length scale; a negative noise
+    setting means the voice's own (0: no noise, the same audio every time); `voice` names a
+    speaker of a multi-speaker model ("" its first; any name for a single-speaker one)."""
+
+    req_id: int
+    log_id: str
+    text: str
+    speed: float = 1.0
+    noise_scale: float = -1.0
+    noise_w: float = -1.0
+    voice: str = ""
+
+
 ToWorker = (
     Generate
     | CountTokens
@@ -224,6 +240,7 @@ ToWorker = (
     | Cancel
     | Shutdown
     | SetThreads
+    | Speak
 )
 
 
@@ -432,6 +449,14 @@ class Transcript(msgspec.Struct, tag="transcript", array_like=True):
     words: list[TranscriptWord] = []
 
 
+class Audio(msgspec.Struct, tag="audio", array_like=True, gc=False):
+    """One sentence of a Speak's audio: mono 16-bit little-endian PCM at `sample_rate` Hz."""
+
+    req_id: int
+    pcm: bytes
+    sample_rate: int
+
+
 FromWorker = (
     Ready
     | Started
@@ -448,6 +473,7 @@ FromWorker = (
     | Transcript
     | Dying
     | TextRegions
+    | Audio
 )
 
 

@@ -20,6 +20,7 @@ from protocol.wire import (
     Ready,
     Recognize,
     Rerank,
+    Speak,
     Transcribe,
 )
 
@@ -39,7 +40,7 @@ class EngineError(Exception):
 
 Emit = Callable[[FromWorker], None]
 # What an engine may be asked to do, and what each request kind asks of it, as a refusal names it.
-Request = Generate | CountTokens | Logits | Embed | Rerank | Recognize | Transcribe
+Request = Generate | CountTokens | Logits | Embed | Rerank | Recognize | Transcribe | Speak
 TASKS: dict[type, str] = {
     Generate: "text generation",
     CountTokens: "chat token counts",
@@ -48,6 +49,7 @@ TASKS: dict[type, str] = {
     Rerank: "reranking",
     Recognize: "text recognition (OCR)",
     Transcribe: "transcription",
+    Speak: "text to speech",
 }
 
 
@@ -123,6 +125,8 @@ ENGINES: dict[str, str] = {
     "ocr": "workers.engines.ocr:load",
     # A CTranslate2 Whisper folder: speech to text through faster-whisper (the `audio` extra).
     "whisper": "workers.engines.whisper:load",
+    # A Piper voice (ONNX graph + .onnx.json), phonemes from the espeak-ng program: text to speech.
+    "piper": "workers.engines.piper:load",
     # Behaves as its JSON "model file" says (delays, crashes, hangs): tests of the supervision.
     "fake": "workers.engines.fake:load",
 }
