@@ -31,6 +31,7 @@ from gateway.api import (
     models,
     ops,
     responses,
+    speech,
     tokens,
     transcriptions,
 )
@@ -209,6 +210,7 @@ def create_app(settings: Settings, lifecycle: Lifecycle | None = None, keys: Key
             *embeddings.handlers,
             *cv.handlers,
             *transcriptions.handlers,
+            *speech.handlers,
             *models.handlers,
             *tokens.handlers,
             *health.handlers,

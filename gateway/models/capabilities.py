@@ -8,6 +8,7 @@ CAPABILITIES: dict[str, list[str]] = {
     "onnx": ["embeddings", "rerank"],
     "ocr": ["ocr"],  # /v1/cv
     "whisper": ["transcription"],
+    "piper": ["speech"],
 }
 
 

