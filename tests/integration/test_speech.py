@@ -225,3 +225,18 @@ def test_a_full_queue_answers_503(start) -> None:  # type: ignore[no-untyped-def
         assert int(r.headers["retry-after"]) >= 1 and "capacity" in r.json()["error"]
     queued.join(120)
     assert client.models.retrieve(VOICE).id == VOICE
+
+
+def test_without_espeak_the_voice_fails_to_load_and_says_why(tmp_path: Path) -> None:
+    """A machine without the espeak-ng program (a PATH that does not reach it): a clear 5xx naming
+    the fix, from the worker's load, rather than a voice that reads garbage."""
+    empty = tmp_path / "bin"
+    empty.mkdir()
+    srv = ServerProcess(tmp_path / "data", env={"PATH": str(empty)})
+    try:
+        srv.wait_ready()
+        r = say(srv, "Hello.")
+        assert r.status_code >= 500
+        assert "apt-get install espeak-ng" in r.json()["error"]
+    finally:
+        srv.stop()
