@@ -118,7 +118,7 @@ def test_every_registered_engine_declares_what_it_serves() -> None:
     import importlib
     import typing
 
-    from protocol.wire import CountTokens, Generate, Logits, Recognize, Transcribe
+    from protocol.wire import CountTokens, Generate, Logits, Recognize, Speak, Transcribe
     from workers.engines import ENGINES
 
     declared = {}
@@ -132,6 +132,7 @@ def test_every_registered_engine_declares_what_it_serves() -> None:
         "onnx": (Embed, Rerank),
         "ocr": (Recognize,),
         "whisper": (Transcribe,),
+        "piper": (Speak,),
         "fake": (Generate,),
     }
 
