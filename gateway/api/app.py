@@ -32,6 +32,7 @@ from gateway.api import (
     models,
     ops,
     responses,
+    speech,
     tokens,
     transcriptions,
 )
@@ -211,6 +212,7 @@ def create_app(settings: Settings, lifecycle: Lifecycle | None = None, keys: Key
             *cv.handlers,
             *transcriptions.handlers,
             *diarize.handlers,
+            *speech.handlers,
             *models.handlers,
             *tokens.handlers,
             *health.handlers,

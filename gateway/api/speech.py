@@ -1,0 +1,149 @@
+"""POST /v1/audio/speech: text to speech, as one WAV body or as Server-Sent Events.
+
+The worker speaks the text a sentence at a time and sends each sentence's PCM as soon as it is
+made. Not streamed, the sentences are gathered into one WAV (the stdlib `wave` module writes the
+RIFF header; the sample rate is the voice's). Streamed (`stream_format: sse`), each sentence is a
+`speech.audio.delta` event (base64 PCM s16le mono; the rate is in the `GenieX-Sample-Rate`
+header), then `speech.audio.done` carries the usage. A client that leaves cancels the rest.
+
+`GenieX-KeepCache: true` pins the voice's worker (keep_alive -1: loaded until evicted or
+unloaded); without it the worker stays for the server's `--keepalive` after its last request and
+is then stopped, as every idle worker is.
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+import sys
+import wave
+from array import array
+from collections.abc import AsyncIterator
+
+from litestar import Request, Response, post
+from litestar.di import NamedDependency
+from litestar.response import ServerSentEvent, ServerSentEventMessage
+
+from gateway.api.auth import caller_of
+from gateway.api.body import read_json
+from gateway.api.chat import KEEP_CACHE_HEADER, header_true
+from gateway.api.disconnect import unless_disconnected
+from gateway.api.encoding import encode
+from gateway.api.request_id import current_request_id
+from gateway.api.services import Services
+from gateway.errors import GenieXError
+from gateway.ops.accounting import Accounting, outcome_of
+from protocol.speech import SpeechAudioDelta, SpeechAudioDone, SpeechRequest, SpeechUsage
+from protocol.wire import Audio, Done, Speak
+
+CAPABILITY = "speech"
+SAMPLE_RATE_HEADER = "GenieX-Sample-Rate"
+
+
+class Tally:
+    """What a request has produced so far, and its accounting, settled once."""
+
+    def __init__(self, accounting: Accounting, characters: int) -> None:
+        self.accounting = accounting
+        self.characters = characters
+        self.samples = 0
+        self.rate = 0
+        self.ids = 0
+
+    def audio(self, msg: Audio) -> None:
+        if msg.pcm and not self.samples:
+            self.accounting.first_token()
+        self.samples += len(msg.pcm) // 2
+        self.rate = msg.sample_rate
+
+    def done(self, msg: Done) -> SpeechUsage:
+        self.ids = msg.prompt_tokens
+        self.accounting.settle("ok", self.ids, 0)
+        return self.usage()
+
+    def failed(self, exc: BaseException) -> None:
+        self.accounting.settle(outcome_of(exc), self.ids, 0)
+
+    def usage(self) -> SpeechUsage:
+        seconds = round(self.samples / self.rate, 3) if self.rate else 0.0
+        return SpeechUsage(input_tokens=self.ids, output_tokens=0, total_tokens=self.ids,
+                           input_characters=self.characters, audio_seconds=seconds)  # fmt: skip
+
+
+def wav(pcm: bytes, rate: int) -> bytes:
+    """Mono 16-bit PCM (little-endian, as the wire carries it) as a WAV file."""
+    if sys.byteorder == "big":  # `wave` takes samples in the machine's order
+        samples = array("h", pcm)
+        samples.byteswap()
+        pcm = samples.tobytes()
+    out = io.BytesIO()
+    with wave.open(out, "wb") as w:
+        w.setnchannels(1)
+        w.setsampwidth(2)
+        w.setframerate(rate)
+        w.writeframes(pcm)
+    return out.getvalue()
+
+
+async def collect(stream: AsyncIterator[Audio | Done], tally: Tally) -> bytes:
+    """Every sentence's PCM, in order, and the request settled."""
+    chunks = []
+    async for msg in stream:
+        if isinstance(msg, Audio):
+            tally.audio(msg)
+            chunks.append(msg.pcm)
+        else:
+            tally.done(msg)
+    return b"".join(chunks)
+
+
+def _event(ev: SpeechAudioDelta | SpeechAudioDone) -> ServerSentEventMessage:
+    return ServerSentEventMessage(data=encode(ev), event=ev.__struct_config__.tag)  # type: ignore[arg-type]
+
+
+async def events(first: Audio | Done, rest: AsyncIterator[Audio | Done], tally: Tally) -> AsyncIterator[ServerSentEventMessage]:  # fmt: skip
+    """A delta event per sentence, then the done event with the usage; an error after the first
+    byte becomes an error event (the status has gone out)."""
+    msg = first
+    try:
+        while True:
+            if isinstance(msg, Done):
+                yield _event(SpeechAudioDone(usage=tally.done(msg)))
+                return
+            tally.audio(msg)
+            if msg.pcm:
+                yield _event(SpeechAudioDelta(audio=base64.b64encode(msg.pcm).decode("ascii")))
+            msg = await anext(rest)
+    except GenieXError as exc:
+        tally.failed(exc)
+        yield ServerSentEventMessage(data=encode({"error": exc.message}), event="error")
+    except BaseException as exc:  # the client went away (GeneratorExit, CancelledError), or a bug
+        tally.failed(exc)
+        raise
+
+
+@post("/v1/audio/speech", status_code=200)
+async def speech(request: Request, body: bytes, services: NamedDependency[Services]) -> Response[bytes] | ServerSentEvent:  # fmt: skip
+    data = read_json(body, SpeechRequest)
+    entry = services.model_for(data.model, CAPABILITY)
+    keep_alive = -1.0 if header_true(request, KEEP_CACHE_HEADER) else None
+    accounting = services.accounting(entry.id, caller_of(request), data.user)
+    worker = await accounting.guard(services.worker(entry, keep_alive=keep_alive))
+    if not data.input:  # warm-up: the voice is loaded, nothing is said (and nothing counted)
+        await worker.warmup()
+        return Response(content=b"null", media_type="application/json")
+    message = Speak(0, current_request_id() or "", data.input, data.speed,
+                    -1.0 if data.noise_scale is None else data.noise_scale,
+                    -1.0 if data.noise_w is None else data.noise_w, data.voice or "")  # fmt: skip
+    tally = Tally(accounting, len(data.input))
+    stream = worker.speak(message)
+    if data.stream_format != "sse":
+        pcm = await accounting.guard(unless_disconnected(request, collect(stream, tally)), lambda: (tally.ids, 0))
+        return Response(content=wav(pcm, tally.rate), media_type="audio/wav")
+    # The first sentence decides the status: a refused request is a 400, not a broken stream.
+    first = await accounting.guard(anext(stream))
+    rate = first.sample_rate if isinstance(first, Audio) else 0
+    return ServerSentEvent(events(first, stream, tally), headers={SAMPLE_RATE_HEADER: str(rate)})
+
+
+handlers = [speech]
