@@ -16,7 +16,7 @@ from typing import Any, Literal
 
 import msgspec
 
-PROTOCOL_VERSION = 5
+PROTOCOL_VERSION = 6
 
 # The speculation types a worker implements; the gateway refuses every other before sending.
 SpecType = Literal["ngram-simple", "ngram-map-k", "draft-simple"]

@@ -257,3 +257,16 @@ def test_without_espeak_the_voice_fails_to_load_and_says_why(tmp_path: Path) -> 
         assert "apt-get install espeak-ng" in r.json()["error"]
     finally:
         srv.stop()
+
+
+def test_whisper_understands_what_the_voice_says(server: ServerProcess, client: openai.OpenAI) -> None:
+    """The strongest content check there is offline: the voice's WAV, sent back through
+    /v1/audio/transcriptions (the bundled Whisper tiny.en), reads as the text it was given."""
+    from tests.speech import WHISPER_MODEL, word_error_rate
+
+    text = "The weather today is sunny and warm. Please bring a hat and some water."
+    audio = client.audio.speech.create(model=VOICE, voice="alloy", input=text, response_format="wav",
+                                       extra_body=QUIET)  # fmt: skip
+    heard = client.audio.transcriptions.create(model=WHISPER_MODEL, file=("said.wav", audio.content, "audio/wav"),
+                                               response_format="text", language="en")  # fmt: skip
+    assert word_error_rate(text, str(heard)) <= 0.15, heard
