@@ -13,6 +13,7 @@ import base64
 import io
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -30,9 +31,12 @@ FAST = {"num_inference_steps": 2}  # GenieX extension: the synthetic model needs
 
 
 @pytest.fixture(scope="module")
-def model(server: ServerProcess, tmp_path_factory: pytest.TempPathFactory) -> str:
-    """The synthetic pipeline, pulled into the shared server's store (which reads it at once)."""
-    return pulled_tiny_sd(tmp_path_factory.mktemp("tiny-sd"), server.data_dir)
+def model(server: ServerProcess, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """The synthetic pipeline, pulled into the shared server's store (which reads it at once);
+    its worker (torch: hundreds of MB) is unloaded after the module."""
+    name = pulled_tiny_sd(tmp_path_factory.mktemp("tiny-sd"), server.data_dir)
+    yield name
+    httpx.post(f"{server.base_url}/v1/models/unload", json={"model": name}, timeout=60)
 
 
 def png(b64: str | None) -> Image.Image:
