@@ -10,7 +10,8 @@ what a Python user of diffusers would: the same pipeline class loaded the same w
 safetensors, the same torch thread count and OMP_WAIT_POLICY as the worker), the same prompt,
 seeds, steps and size, one image at a time, each saved as a PNG. The server adds the wire, base64
 and JSON. Reports the median seconds per image on each side and their ratio (in-process time /
-server time: 1.0 means no overhead; the goal is at least 0.95).
+server time: 1.0 means no overhead; the goal is at least 0.95), and, from the worker's own log
+lines, what the server adds to the worker's time per image (the same pipeline call, in the worker).
 """
 
 from __future__ import annotations
@@ -97,12 +98,24 @@ def main() -> int:
             ratios.append(theirs[-1] / ours[-1])
             print(f"round {r + 1}: server {ours[-1]:.3f} s/image, in-process {theirs[-1]:.3f} s/image, "
                   f"ratio {ratios[-1]:.3f}", flush=True)  # fmt: skip
+        # The worker's own time per image (its "image done" log lines), for what the server adds to it.
+        worker: dict[int, float] = {}
+        for e in srv.events():
+            if e.get("event") == "image done" and e.get("steps") == args.steps:
+                worker[e["req_id"]] = worker.get(e["req_id"], 0.0) + e["seconds"] / args.n
     finally:
         srv.stop()
     s, i = statistics.median(ours), statistics.median(theirs)
     print(f"{name} {args.size} x{args.n}, {args.steps} steps, {threads} threads, {args.rounds} rounds")
+    if len(worker) == len(ours):
+        w = [worker[k] for k in sorted(worker)]
+        added = statistics.median(o - x for o, x in zip(ours, w))
+        print(
+            f"the worker's own time {statistics.median(w):.3f} s/image; the server adds {added * 1000:.1f} ms/image "
+            f"(median), ratio worker / client time {statistics.median(x / o for o, x in zip(ours, w)):.3f}"
+        )
     print(f"server {s:.3f} s/image, in-process {i:.3f} s/image (medians); ratio in-process / server: "
-          f"{i / s:.3f} of the medians, {statistics.median(ratios):.3f} median of the rounds'")  # fmt: skip
+          f"{i / s:.3f} of the medians, {statistics.median(ratios):.3f} median of the rounds")  # fmt: skip
     return 0
 
 
