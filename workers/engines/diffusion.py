@@ -16,20 +16,9 @@ and applies a new thread count from the gateway.
 
 from __future__ import annotations
 
-import os
-
-# Before torch and diffusers are imported: they read these once.
-os.environ["HF_HUB_OFFLINE"] = "1"  # the server never downloads (README: `geniex pull`)
-os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
-os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
-os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
-os.environ.setdefault("DIFFUSERS_VERBOSITY", "error")
-# OpenMP threads that spin while they wait for work collapse when another program holds a core:
-# on a busy 2-core box a tiny UNet step took 2.3 s with spinning threads and 0.12 s without.
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-
 import inspect
 import io
+import os
 import queue
 import secrets
 import threading
@@ -37,13 +26,11 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import psutil
 import structlog
-import torch
-from diffusers import DiffusionPipeline
-from diffusers.utils import logging as diffusers_logging
 
 from protocol.wire import PROTOCOL_VERSION, Done, ErrorKind, Failed, FromWorker, GenerateImages, Images, Ready
 from workers.engines import Emit, EngineError, EngineOptions
@@ -58,7 +45,25 @@ MAX_SEED = 2**63 - 1
 TEXT_TO_IMAGE = {"prompt", "negative_prompt", "height", "width", "num_inference_steps", "guidance_scale",
                  "num_images_per_prompt", "generator", "callback_on_step_end", "output_type"}  # fmt: skip
 
-diffusers_logging.disable_progress_bar()  # its bars would fill the server log, one per load
+
+def _libraries() -> tuple[ModuleType, Any]:
+    """(torch, DiffusionPipeline), imported when the engine loads, in the worker: the environment
+    they read once at import is set first, and no other process that merely imports this module
+    (a test of the engine registry) has its environment changed."""
+    os.environ["HF_HUB_OFFLINE"] = "1"  # the server never downloads (README: `geniex pull`)
+    os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    os.environ.setdefault("DIFFUSERS_VERBOSITY", "error")
+    # OpenMP threads that spin while they wait for work collapse when another program holds a
+    # core: on a busy 2-core box a tiny UNet step took 2.3 s with spinning threads, 0.12 s without.
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    import torch
+    from diffusers import DiffusionPipeline
+    from diffusers.utils import logging as diffusers_logging
+
+    diffusers_logging.disable_progress_bar()  # its bars would fill the server log, one per load
+    return torch, DiffusionPipeline
 
 
 class _Cancelled(Exception):
@@ -89,9 +94,11 @@ class DiffusionEngine:
             raise EngineError(f"{self.folder} is not a diffusers model (no model_index.json)", kind=ErrorKind.ENGINE)
         self.compute = "cpu"
         self.threads = opts.threads or psutil.cpu_count(logical=False) or os.cpu_count() or 1
+        self.torch, pipeline_class = _libraries()
+        torch = self.torch
         torch.set_num_threads(self.threads)
         try:
-            self.pipe: Any = DiffusionPipeline.from_pretrained(
+            self.pipe: Any = pipeline_class.from_pretrained(
                 str(self.folder), local_files_only=True, use_safetensors=True, dtype=torch.float32
             )
         except (OSError, ValueError, TypeError, KeyError, AttributeError, ImportError) as exc:
@@ -132,7 +139,7 @@ class DiffusionEngine:
             model_bytes=_folder_bytes(self.folder),
             load_seconds=round(self.load_seconds, 3),
             description=f"diffusers {type(self.pipe).__name__} ({parts})",
-            provider=f"torch {torch.__version__} CPU",
+            provider=f"torch {self.torch.__version__} CPU",
         )
 
     def submit(self, req: GenerateImages) -> None:
@@ -209,8 +216,8 @@ class DiffusionEngine:
 
     def _set_threads(self) -> None:
         # torch's thread count is per calling thread (OpenMP), so this thread sets its own.
-        if self._applied_threads != self.threads or torch.get_num_threads() != self.threads:
-            torch.set_num_threads(self.threads)
+        if self._applied_threads != self.threads or self.torch.get_num_threads() != self.threads:
+            self.torch.set_num_threads(self.threads)
             self._applied_threads = self.threads
 
     def _generate(self, job: _Job) -> Images:
@@ -242,7 +249,7 @@ class DiffusionEngine:
                 height=req.height,
                 width=req.width,
                 num_images_per_prompt=1,
-                generator=torch.Generator("cpu").manual_seed(seed + i),
+                generator=self.torch.Generator("cpu").manual_seed(seed + i),
                 callback_on_step_end=on_step,
                 output_type="pil",
             )
