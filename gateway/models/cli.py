@@ -20,14 +20,17 @@ Command = Callable[[argparse.Namespace], int]
 
 
 def add_model_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    p = sub.add_parser("pull", help="download a GGUF model from Hugging Face, or import a local GGUF or ONNX model")
+    p = sub.add_parser(
+        "pull", help="download a GGUF model from Hugging Face, or import a local GGUF, ONNX, Whisper or diffusers model"
+    )
     p.add_argument("name", help="org/repo or org/repo:precision, e.g. bartowski/Llama-3.2-1B-Instruct-GGUF:Q4_K_M")
     p.add_argument(
         "--local",
         type=Path,
         metavar="PATH",
-        help="import this GGUF file, ONNX model folder (model.onnx + tokenizer.json) or CTranslate2 Whisper folder "
-        "(model.bin + config.json + tokenizer.json), instead of downloading",
+        help="import this GGUF file, ONNX model folder (model.onnx + tokenizer.json), CTranslate2 Whisper folder "
+        "(model.bin + config.json + tokenizer.json) or diffusers pipeline folder (model_index.json), instead of "
+        "downloading",
     )
     add_data_dir(p)
     p.set_defaults(func=_guarded(_pull))

@@ -9,6 +9,7 @@ Layout::
     <data_dir>/models/<org>/<repo>/<repo>.<precision>.gguf
     <data_dir>/models/<org>/<repo>/<repo>.<precision>-onnx/       an ONNX model: model.onnx, tokenizer.json, ...
     <data_dir>/models/<org>/<repo>/<repo>.<precision>-ct2/        a CTranslate2 Whisper model: model.bin, ...
+    <data_dir>/models/<org>/<repo>/<repo>.<precision>-diffusers/  a diffusers pipeline: model_index.json, unet/, ...
 
 A variant exists once its manifest entry exists. Files are moved into place before the manifest
 names them and the manifest drops them before they are deleted, so a reader (a server in another
@@ -46,8 +47,13 @@ ENGINE = "llama_cpp"
 ONNX_ENGINE = "onnx"
 WHISPER_ENGINE = "whisper"
 WHISPER_MODEL_ID = "openai/whisper-tiny.en:ct2-fp16"  # what /v1/audio/transcriptions uses without `model`
+DIFFUSERS_ENGINE = "diffusers"
 # A model folder's name in its repo folder, per engine: <repo>.<precision><suffix>.
-FOLDER_SUFFIX = {ONNX_ENGINE: "-onnx", WHISPER_ENGINE: "-ct2"}
+FOLDER_SUFFIX = {ONNX_ENGINE: "-onnx", WHISPER_ENGINE: "-ct2", DIFFUSERS_ENGINE: "-diffusers"}
+# A diffusers pipeline folder is one with this file; what is copied of each component's folder:
+# configs, tokenizer files and safetensors weights (never pickles: .bin, .ckpt, .pt).
+DIFFUSERS_INDEX = "model_index.json"
+DIFFUSERS_SUFFIXES = (".json", ".txt", ".safetensors", ".model")
 GGUF_MAGIC = b"GGUF"
 # What an ONNX model folder carries besides the graph: its tokenizer (required) and the
 # sentence-transformers / transformers files that say how to read its output.
@@ -328,11 +334,14 @@ class ModelStore:
 
     def import_local(self, src: Path, name: str) -> ModelEntry:
         """Copy a local GGUF file, an ONNX model (its folder or .onnx file, with the folder's
-        tokenizer.json), or a CTranslate2 Whisper folder into the store as `name` (`org/repo[:precision]`)."""
+        tokenizer.json), a CTranslate2 Whisper folder, or a diffusers pipeline folder (model_index.json)
+        into the store as `name` (`org/repo[:precision]`)."""
         src = Path(src).expanduser()
         org, repo, precision = parse_name(name, BadRequest)
         if src.is_dir() and (src / CT2_MODEL_FILE).is_file():
             return self.import_whisper(src, org, repo, precision)
+        if src.is_dir() and (src / DIFFUSERS_INDEX).is_file():
+            return self.import_diffusers(src, org, repo, precision)
         if src.is_dir() or (src.is_file() and src.suffix.lower() == ".onnx"):
             return self.import_onnx(src, org, repo, precision)
         if not src.is_file():
@@ -403,6 +412,38 @@ class ModelStore:
                     shutil.copyfile(src / name, folder / name)
                     _fsync_file(folder / name)
             return self._add_folder(org, repo, precision, folder, f"local:{src.absolute()}", WHISPER_ENGINE)
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+
+    def import_diffusers(self, src: Path, org: str, repo: str, precision: str | None) -> ModelEntry:
+        """Copy a diffusers pipeline folder (engine "diffusers"): model_index.json, and each
+        component folder it names with its configs, tokenizer files and safetensors weights."""
+        try:
+            index = msgspec.json.decode((src / DIFFUSERS_INDEX).read_bytes())
+        except (OSError, msgspec.DecodeError) as exc:
+            raise BadRequest(f"{src / DIFFUSERS_INDEX} is not readable JSON: {exc}") from None
+        if not isinstance(index, dict) or not isinstance(index.get("_class_name"), str):
+            raise BadRequest(f"{src / DIFFUSERS_INDEX} names no pipeline (`_class_name`)")
+        parts = [k for k, v in index.items() if not k.startswith("_") and isinstance(v, list) and None not in v]
+        missing = [p for p in parts if in_repo(src, p) is None or not (src / p).is_dir()]
+        if missing:
+            raise BadRequest(f"{src} lacks the component folders {DIFFUSERS_INDEX} names: {', '.join(missing)}")
+        if not any(f.suffix == ".safetensors" for p in parts for f in (src / p).iterdir()):
+            raise BadRequest(f"{src} has no .safetensors weights (pickled .bin/.ckpt weights are not loaded)")
+        parse_name(f"{org}/{repo}:{precision or 'default'}", BadRequest)
+        staging = self.staging_dir()
+        try:
+            folder = staging / "model"
+            folder.mkdir()
+            shutil.copyfile(src / DIFFUSERS_INDEX, folder / DIFFUSERS_INDEX)
+            for part in parts:
+                (folder / part).mkdir()
+                for f in (src / part).iterdir():
+                    if f.is_file() and f.suffix in DIFFUSERS_SUFFIXES:
+                        shutil.copyfile(f, folder / part / f.name)
+                        _fsync_file(folder / part / f.name)
+            return self._add_folder(org, repo, precision or "default", folder, f"local:{src.absolute()}",
+                                    DIFFUSERS_ENGINE)  # fmt: skip
         finally:
             shutil.rmtree(staging, ignore_errors=True)
 
@@ -540,7 +581,7 @@ class ModelStore:
                     continue
                 entry = self._entry(path.parent, manifest, key)
                 if os.path.isfile(entry.path) or any(
-                    os.path.isfile(os.path.join(entry.path, f)) for f in ("model.onnx", CT2_MODEL_FILE)
+                    os.path.isfile(os.path.join(entry.path, f)) for f in ("model.onnx", CT2_MODEL_FILE, DIFFUSERS_INDEX)
                 ):
                     yield entry  # (files deleted by hand are skipped)
 

@@ -51,6 +51,8 @@ from protocol.wire import (
     Embeddings,
     Failed,
     Generate,
+    GenerateImages,
+    Images,
     LogitRows,
     Logits,
     Ready,
@@ -77,8 +79,12 @@ log = structlog.get_logger("gateway.worker")
 
 Streamed = Started | Delta | Done  # what a generation yields
 # Requests answered with one reply, and those replies.
-OneShot = CountTokens | Tokenize | Detokenize | Logits | Embed | Rerank | Recognize | Transcribe | Diarize
-Answer = TokenCount | TokenList | Text | LogitRows | Embeddings | Scores | TextRegions | Transcript | Diarization
+OneShot = (
+    CountTokens | Tokenize | Detokenize | Logits | Embed | Rerank | Recognize | Transcribe | Diarize | GenerateImages
+)
+Answer = (
+    TokenCount | TokenList | Text | LogitRows | Embeddings | Scores | TextRegions | Transcript | Diarization | Images
+)
 
 
 class WorkerSpec(msgspec.Struct, frozen=True, kw_only=True):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import os
 import struct
+from pathlib import Path
 
 import structlog
 
@@ -157,8 +158,8 @@ def embedding_kv_tokens(path: str) -> int:
 
 def estimate_worker_bytes(path: str, total_ctx_tokens: int) -> int:
     try:
-        if os.path.isdir(path):  # an ONNX model folder: its files, no KV cache
-            return sum(f.stat().st_size for f in os.scandir(path) if f.is_file()) + WORKER_OVERHEAD
+        if os.path.isdir(path):  # an ONNX or diffusers model folder: its files (in subfolders too), no KV cache
+            return sum(f.stat().st_size for f in Path(path).rglob("*") if f.is_file()) + WORKER_OVERHEAD
         size = os.path.getsize(path)
         mtime = os.path.getmtime(path)
     except OSError:

@@ -3,8 +3,8 @@ deviations from it, each one named and explained here rather than hidden in the 
 
 `openapi-current.yaml` gives chat completions, logits and models; the earlier full spec (only as
 flattened text, transcribed in earlier.yaml) gives embeddings, reranking and computer vision. The
-earlier spec's other audio and image endpoints are not served yet; test_fuzz.py checks they answer
-404 (/v1/audio/speech is served, and tested in tests/integration/test_speech.py).
+earlier spec's audio and image endpoints are served and tested in tests/integration (test_speech.py,
+test_transcriptions.py, test_diarize.py, test_images.py), not fuzzed here; /v1/cv is fuzzed.
 """
 
 from __future__ import annotations

@@ -118,7 +118,7 @@ def test_every_registered_engine_declares_what_it_serves() -> None:
     import importlib
     import typing
 
-    from protocol.wire import CountTokens, Diarize, Generate, Logits, Recognize, Speak, Transcribe
+    from protocol.wire import CountTokens, Diarize, Generate, GenerateImages, Logits, Recognize, Speak, Transcribe
     from workers.engines import ENGINES
 
     declared = {}
@@ -134,6 +134,7 @@ def test_every_registered_engine_declares_what_it_serves() -> None:
         "whisper": (Transcribe,),
         "senko": (Diarize,),
         "piper": (Speak,),
+        "diffusers": (GenerateImages,),
         "fake": (Generate,),
     }
 

