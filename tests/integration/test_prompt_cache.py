@@ -26,6 +26,15 @@ def chat(client: openai.OpenAI, messages: list[dict[str, str]], **body: Any) -> 
     return r.choices[0].message.content or "", r.usage.prompt_tokens, details.cached_tokens if details else 0
 
 
+def same_answer(a: str, b: str) -> bool:
+    """Greedy answers with and without a reused prefix, compared over their first 60 characters: KV
+    that was wrong would change the answer from its first tokens, while llama.cpp's CPU kernels are
+    not batch-invariant (a prefix computed inside a long prefill batch differs in the last bits), so
+    on a busy box, where the thread count changes between requests too, a near tie late in an
+    answer can go either way (seen: 88 equal characters, then `."` against `")`)."""
+    return a[:60] == b[:60]
+
+
 def conversation(question: str, system: str = SYSTEM) -> list[dict[str, str]]:
     return [{"role": "system", "content": system}, {"role": "user", "content": question}]
 
@@ -39,7 +48,7 @@ def test_a_second_turn_reuses_the_first_and_answers_the_same_as_without_reuse(st
     answer2, prompt2, cached2 = chat(client, turn2)
     assert prompt1 < cached2 < prompt2, "the whole first turn, its answer included, was reused"
     fresh, _, none = chat(client, turn2, cache_prompt=False)
-    assert none == 0 and fresh == answer2
+    assert none == 0 and same_answer(fresh, answer2), (fresh, answer2)
     # a new conversation behind the same system prompt reuses the system prompt
     _, prompt3, cached3 = chat(client, conversation("Tell me about rule 12."))
     assert prompt1 - 20 < cached3 < prompt3
@@ -66,7 +75,8 @@ def test_a_cancelled_turn_leaves_nothing_behind(start) -> None:  # type: ignore[
     stream.close()
     answer, _, cached = chat(client, messages)
     assert cached == 0, "neither the cancelled turn's prompt nor its tokens are reused"
-    assert answer == chat(client, messages, cache_prompt=False)[0]
+    fresh = chat(client, messages, cache_prompt=False)[0]
+    assert same_answer(answer, fresh), (answer, fresh)
 
 
 def test_a_conversation_survives_its_slot_being_taken_by_another(start) -> None:  # type: ignore[no-untyped-def]
@@ -77,7 +87,8 @@ def test_a_conversation_survives_its_slot_being_taken_by_another(start) -> None:
     turn2 = [*turn1, {"role": "assistant", "content": answer1}, {"role": "user", "content": "And rule 7?"}]
     answer2, _, cached2 = chat(client, turn2)
     assert cached2 > prompt1, "restored from the RAM cache, the first answer included"
-    assert answer2 == chat(client, turn2, cache_prompt=False)[0]
+    fresh = chat(client, turn2, cache_prompt=False)[0]
+    assert same_answer(answer2, fresh), (answer2, fresh)
 
 
 def test_the_ram_cache_stays_under_its_cap(start) -> None:  # type: ignore[no-untyped-def]
