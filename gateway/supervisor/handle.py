@@ -427,29 +427,17 @@ class WorkerHandle:
                 self.cancel(req_id)  # the client left, or the worker refused (then a no-op)
             self._left()
 
-    async def generate(self, msg: Generate) -> AsyncIterator[Streamed]:
+    def generate(self, msg: Generate) -> AsyncIterator[Streamed]:
         """Yield this generation's Started, Deltas and final Done; raise for Failed or a dead worker."""
-        req_id, pending = self._admit(msg.log_id)
-        finished = False
-        try:
-            self._send(msgspec.structs.replace(msg, req_id=req_id))
-            while True:
-                reply = await _next(pending.queue)
-                if isinstance(reply, Done):
-                    finished = True
-                    self.requests_served += 1
-                    self._left()
-                    yield reply
-                    return
-                yield reply  # type: ignore[misc]  # a generation's replies are Started and Deltas
-        finally:
-            if not finished:
-                self.cancel(req_id)
-                self._left()
+        return self._stream(msg)  # type: ignore[return-value]  # a generation's replies are Started and Deltas
 
-    async def speak(self, msg: Speak) -> AsyncIterator[Audio | Done]:
-        """Yield this text's Audio, a sentence at a time, and the final Done; raise for Failed or a
-        dead worker. Closed early (the client left), it cancels the request on the worker."""
+    def speak(self, msg: Speak) -> AsyncIterator[Audio | Done]:
+        """Yield this text's Audio, a sentence at a time, and the final Done; raise for Failed or a dead worker."""
+        return self._stream(msg)  # type: ignore[return-value]  # a Speak's replies are Audio until its Done
+
+    async def _stream(self, msg: Generate | Speak) -> AsyncIterator[object]:
+        """A request answered by several replies, then Done. Closed early (the client left), it
+        cancels the request on the worker."""
         req_id, pending = self._admit(msg.log_id)
         finished = False
         try:
@@ -462,7 +450,7 @@ class WorkerHandle:
                     self._left()
                     yield reply
                     return
-                yield reply  # type: ignore[misc]  # a Speak's replies are Audio until its Done
+                yield reply
         finally:
             if not finished:
                 self.cancel(req_id)

