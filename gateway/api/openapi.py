@@ -421,6 +421,9 @@ def document(version: str = "0.1.0") -> bytes:
     refs_raw, components = msgspec.json.schema_components(unique, ref_template=REF + "{name}")
     names = {n: RENAME.get(n, _dotted(n) if "." in n else n) for n in components}
     schemas = {names[n]: _rewrite_refs(s, names) for n, s in components.items()}
+    for name, schema in schemas.items():
+        if "title" in schema:  # msgspec's title is the struct's name; Swagger UI shows it
+            schema["title"] = name
     schemas.update(copy.deepcopy(HAND_WRITTEN))
     # tool_choice: the spec's object, or one of the strings.
     schemas["ChatCompletionRequest"]["properties"]["tool_choice"] = {

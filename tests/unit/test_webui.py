@@ -169,6 +169,7 @@ def test_the_schema_uses_the_specs_names_and_fields(schema: dict[str, Any]) -> N
             assert schema["paths"][path][method]["operationId"] == op["operationId"], path
             assert EXT not in schema["paths"][path][method], path
     assert all("." not in name for name in ours)
+    assert all(s.get("title", name) == name for name, s in ours.items())
 
 
 def test_extensions_are_marked(schema: dict[str, Any]) -> None:

@@ -18,7 +18,7 @@ import httpx
 import pytest
 
 from tests.browser.conftest import Browsing, browse
-from tests.conftest import MODEL
+from tests.conftest import MODEL, WEATHER_PARAMETERS
 from tests.server_proc import ServerProcess
 
 expect = pytest.importorskip("playwright.sync_api", reason="pip install -e '.[test]' brings playwright").expect
@@ -64,6 +64,7 @@ def inflight(server: ServerProcess) -> int:
 
 
 def send(page: Any, text: str, max_tokens: int, extra: str = "") -> Any:
+    page.evaluate("document.querySelector('details.more').open = true")  # the settings, closed after a reload
     page.fill("#max-tokens", str(max_tokens))
     page.fill("#extra", extra)
     before = page.locator(".msg.assistant").count()
@@ -152,6 +153,20 @@ def test_conversations_are_kept_in_local_storage(web: Browsing, chat: Any) -> No
     chat.reload()
     chat.wait_for_selector(".msg.user")
     assert chat.locator(".msg.user").first.inner_text().endswith("Write a short poem about the sea.")
+
+
+def test_a_tool_call_is_shown_as_a_call(web: Browsing, chat: Any) -> None:
+    chat.click("#new-chat")
+    tools = [{"type": "function", "function": {"name": "get_weather", "parameters": WEATHER_PARAMETERS}}]
+    answer = send(chat, "What is the weather in Paris?", 64, json.dumps({"tools": tools, "tool_choice": "required"}))
+    expect(answer).to_have_attribute("data-state", "done", timeout=LONG)
+    call = answer.locator(".tool-call")
+    expect(call).to_have_count(1)
+    assert call.locator("code").inner_text() == "get_weather"
+    arguments = json.loads(call.locator("pre").inner_text())
+    assert set(arguments) == {"city", "unit"}
+    assert "tool_calls" in answer.locator(".stats").inner_text()
+    web.shot(chat, "chat-tool-call")
 
 
 def test_the_operations_page_lists_the_worker_with_its_pid(web: Browsing, server: ServerProcess) -> None:
