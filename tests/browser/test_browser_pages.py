@@ -169,6 +169,22 @@ def test_a_tool_call_is_shown_as_a_call(web: Browsing, chat: Any) -> None:
     web.shot(chat, "chat-tool-call")
 
 
+def test_reasoning_goes_into_a_collapsible_block(web: Browsing, chat: Any) -> None:
+    chat.click("#new-chat")
+    chat.evaluate("document.querySelector('details.more').open = true")
+    chat.check("#reasoning")
+    grammar = "root ::= " + json.dumps("<think>The user greets me.</think>Hello there!")
+    answer = send(chat, "Hi!", 32, json.dumps({"grammar_string": grammar}))
+    expect(answer).to_have_attribute("data-state", "done", timeout=LONG)
+    chat.uncheck("#reasoning")
+    reasoning = answer.locator("details.reasoning")
+    expect(reasoning).to_be_visible()
+    assert reasoning.locator(".reasoning-body").inner_text().strip() == "The user greets me."
+    assert answer.locator(".answer-body").inner_text().strip() == "Hello there!"
+    reasoning.locator("summary").click()  # it closes and opens like any <details>
+    web.shot(chat, "chat-reasoning")
+
+
 def test_the_operations_page_lists_the_worker_with_its_pid(web: Browsing, server: ServerProcess) -> None:
     pids = [w["pid"] for w in httpx.get(server.base_url + "/v1/workers", timeout=10).json()["data"]]
     assert pids, "the chat tests left no worker"

@@ -59,6 +59,7 @@
   }
 
   function newConversation() {
+    if (current && !current.messages.length) return; // the one shown is still empty: use it
     current = { id: String(Date.now()) + Math.random().toString(16).slice(2, 6), title: "New chat", messages: [] };
     conversations.unshift(current);
     save();

@@ -39,17 +39,26 @@
     });
   }
 
+  // Tokens per second over the last RATE_S seconds. /v1/workers counts a request's tokens when it
+  // ends, so a per-second difference would be all spikes; a few seconds' window smooths them.
+  const RATE_S = 5;
+  let generated = 0; // tokens generated since the page opened, summed over the workers seen
+  const totals = []; // [time, generated]
+
   function record(rows) {
     const now = Date.now() / 1000;
     const tokens = new Map(rows.map((w) => [w.pid, w.tokens_generated || 0]));
-    let rate = 0;
-    if (previous && now > previous.at) {
+    if (previous) {
       for (const [pid, n] of tokens) {
         const before = previous.tokens.get(pid);
-        if (before !== undefined && n >= before) rate += (n - before) / (now - previous.at);
+        if (before !== undefined && n >= before) generated += n - before;
       }
     }
     previous = { at: now, tokens };
+    totals.push([now, generated]);
+    while (totals.length > 1 && totals[0][0] < now - RATE_S) totals.shift();
+    const span = now - totals[0][0];
+    const rate = span > 0 ? (generated - totals[0][1]) / span : 0;
     series.t.push(now);
     series.tps.push(rate);
     series.inflight.push(rows.reduce((s, w) => s + Math.min(w.inflight || 0, w.parallel || 0), 0));
