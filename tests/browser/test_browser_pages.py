@@ -198,6 +198,13 @@ def test_the_operations_page_lists_the_worker_with_its_pid(web: Browsing, server
     assert MODEL in page.locator("#usage tbody").inner_text()
     page.wait_for_selector("#chart-tps .uplot")
     web.shot(page, "ops")
+    # Unload stops the worker; Load starts one again (a new pid).
+    row.locator("button", has_text="unload").click()
+    expect(row).to_have_count(0, timeout=30_000)
+    page.locator("#models tbody tr", has_text=MODEL).locator("button", has_text="load").click()
+    expect(page.locator("#workers tbody tr", has_text=MODEL)).to_have_count(1, timeout=LONG)
+    reloaded = [w["pid"] for w in httpx.get(server.base_url + "/v1/workers", timeout=10).json()["data"]]
+    assert reloaded and reloaded[0] != pids[0]
     page.close()
 
 
