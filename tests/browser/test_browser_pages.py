@@ -131,15 +131,16 @@ def test_stop_ends_the_stream_and_the_generation(web: Browsing, server: ServerPr
 def test_a_hostile_answer_is_shown_as_text_and_runs_nothing(web: Browsing, chat: Any) -> None:
     # The model's real answer, forced by a grammar (through the page's own "more request fields"),
     # holds an image whose onerror would run script, and a script element.
-    hostile = '<img src=x onerror="window.__xss=1"> and <script>window.__xss=2</script> **bold**'
+    hostile = '<img src=x onerror="window.__xss=1"> and <script>window.__xss=2</script> **bold** ![pixel](http://tracker.example/p.png)'
     grammar = "root ::= " + json.dumps(hostile)
-    answer = send(chat, "Say something.", 64, json.dumps({"grammar_string": grammar}))
+    answer = send(chat, "Say something.", 96, json.dumps({"grammar_string": grammar}))
     expect(answer).to_have_attribute("data-state", "done", timeout=LONG)
     body = answer.locator(".answer-body")
     text = body.inner_text()
     assert '<img src=x onerror="window.__xss=1">' in text and "<script>window.__xss=2</script>" in text, text
     assert body.locator("img, script").count() == 0
     assert body.locator("strong").inner_text() == "bold"  # Markdown is still rendered
+    assert body.locator("a").get_attribute("href") == "http://tracker.example/p.png"  # an image only as a link
     assert chat.evaluate("window.__xss") is None
     answer.scroll_into_view_if_needed()
     answer.screenshot(path=str(web.shots / "chat-hostile-answer.png"))

@@ -19,8 +19,12 @@
     return s.replace(/[&<>"']/g, (c) => ({ "&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;", "'": "&#39;" })[c]);
   }
 
-  // HTML the model writes is shown as the text it is, never interpreted.
-  marked.use({ gfm: true, breaks: true, renderer: { html: (token) => escapeHtml(token.text) } });
+  // HTML the model writes is shown as the text it is, never interpreted. A Markdown image becomes a
+  // link: an answer must not make the browser fetch anything (a tracking pixel, another host).
+  marked.use({ gfm: true, breaks: true, renderer: {
+    html: (token) => escapeHtml(token.text),
+    image: (token) => `<a href="${escapeHtml(token.href || "")}">${escapeHtml("image: " + (token.text || token.href || ""))}</a>`,
+  } });
 
   function markdown(text) {
     const html = marked.parse(text || "");
