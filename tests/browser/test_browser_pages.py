@@ -19,6 +19,7 @@ import pytest
 
 from tests.browser.conftest import Browsing, browse
 from tests.conftest import MODEL, WEATHER_PARAMETERS
+from tests.embedding_models import ONNX_MODEL, geniex, onnx_dir
 from tests.server_proc import ServerProcess
 
 expect = pytest.importorskip("playwright.sync_api", reason="pip install -e '.[test]' brings playwright").expect
@@ -29,7 +30,10 @@ LONG = 120_000  # ms: the bundled model on a busy 2-core box
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    srv = ServerProcess(tmp_path_factory.mktemp("webui-data"), "--nctx", "2048")
+    base = tmp_path_factory.mktemp("webui-data")
+    # An embedding model too (MiniLM as ONNX int8, from a PyPI package), for the try-it panels.
+    assert geniex("pull", "--local", str(onnx_dir(base / "minilm")), ONNX_MODEL, "--data-dir", str(base)) == ONNX_MODEL
+    srv = ServerProcess(base, "--nctx", "2048")
     try:
         srv.wait_ready()
         yield srv
@@ -234,6 +238,24 @@ def test_the_speech_panel_plays_what_the_server_made(web: Browsing, server: Serv
     assert audio.get_attribute("src").startswith("blob:")
     # The browser decoded the server's WAV: it knows how long it lasts.
     page.wait_for_function("() => document.getElementById('tts-audio').duration > 0.5")
+    page.close()
+
+
+def test_the_embeddings_and_rerank_panels_answer(web: Browsing) -> None:
+    page = web.page()
+    page.goto(web.base_url + "/try")
+    page.wait_for_selector("#panel-embeddings:not([hidden])")
+    page.click("#emb-run")
+    cells = page.locator("#emb-matrix tbody td")
+    expect(cells).to_have_count(16, timeout=LONG)  # the four example sentences, each with each
+    s = [[float(cells.nth(4 * i + j).inner_text()) for j in range(4)] for i in range(4)]
+    assert all(s[i][i] == 1.0 for i in range(4))
+    assert s[0][1] > s[0][2] and s[2][3] > s[1][2]  # cat ~ kitten, shares ~ stocks
+    page.click("#rr-run")
+    ranked = page.locator("#rr-out li")
+    expect(ranked).to_have_count(3, timeout=LONG)
+    assert "stock exchange" in ranked.nth(2).inner_text()  # the one document not about bread is last
+    web.shot(page, "try-embeddings")
     page.close()
 
 
