@@ -21,6 +21,7 @@ from tests.browser.conftest import Browsing, browse
 from tests.conftest import MODEL, WEATHER_PARAMETERS
 from tests.embedding_models import ONNX_MODEL, geniex, onnx_dir
 from tests.server_proc import ServerProcess
+from tests.speech import beckett_path
 
 expect = pytest.importorskip("playwright.sync_api", reason="pip install -e '.[test]' brings playwright").expect
 
@@ -256,6 +257,20 @@ def test_the_embeddings_and_rerank_panels_answer(web: Browsing) -> None:
     expect(ranked).to_have_count(3, timeout=LONG)
     assert "stock exchange" in ranked.nth(2).inner_text()  # the one document not about bread is last
     web.shot(page, "try-embeddings")
+    page.close()
+
+
+def test_the_transcription_panel_posts_the_file_as_a_form(web: Browsing, server: ServerProcess) -> None:
+    models = httpx.get(server.base_url + "/v1/models", timeout=10).json()["data"]
+    if not any("transcription" in m["capabilities"] for m in models):
+        pytest.skip("no transcription model installed (make audio-stt)")
+    page = web.page()
+    page.goto(web.base_url + "/try")
+    page.wait_for_selector("#panel-transcription:not([hidden])")
+    # A multipart form from the server's own page (its Origin) passes the guard against other sites' forms.
+    page.set_input_files("#stt-file", str(beckett_path()))
+    page.click("#stt-run")
+    expect(page.locator("#stt-out")).to_contain_text("fail", ignore_case=True, timeout=LONG)
     page.close()
 
 
