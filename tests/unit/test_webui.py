@@ -107,6 +107,15 @@ def test_a_form_from_the_servers_own_page_passes_and_from_another_site_does_not(
     assert other.status_code == 403
 
 
+def test_with_any_host_allowed_a_form_needs_an_allowed_origin_even_from_its_own_host(tmp_path: Path) -> None:
+    # `--allowed-host '*'` turns the Host check off, so a rebinding page's Host would match its Origin.
+    files = {"file": ("a.wav", b"RIFF0000WAVE", "audio/wav")}
+    with TestClient(create_app(Settings(data_dir=tmp_path, allowed_hosts=["*"]))) as c:
+        r = c.post("/v1/audio/transcriptions", headers={"host": "evil.example", "origin": "http://evil.example"},
+                   files=files, data={"model": "x"})  # fmt: skip
+    assert r.status_code == 403
+
+
 def test_every_web_asset_is_package_data() -> None:
     patterns = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]["gateway.web"]
     root = routes.HERE
