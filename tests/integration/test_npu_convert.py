@@ -78,3 +78,25 @@ def test_a_second_load_reuses_the_converted_folder(tmp_path_factory: pytest.Temp
     assert again == first
     assert sorted(p.name for p in first.parent.iterdir()) == [first.name]  # no temporary folder left behind
     assert Path(first / "model.onnx").is_file()
+
+
+def test_without_an_npu_the_worker_runs_the_model_on_the_cpu_and_says_why(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    from argparse import Namespace
+
+    from protocol import qnn
+    from workers.engines.npu.engine import load
+
+    monkeypatch.delenv(qnn.SIMULATOR_ENV, raising=False)
+    monkeypatch.setattr(qnn, "is_simulated", lambda: True)  # an x86_64 host, as in CI
+    opts = Namespace(model_path=bundled_gguf(), compute="npu", nctx=256, ngl=0, parallel=1, threads=1,
+                     stream_interval_ms=0, batch_tokens=0, cache_ram_mb=0, cache_dir=str(tmp_path))  # fmt: skip
+    engine = load(opts)
+    try:
+        ready = engine.ready()
+        assert (ready.engine, ready.compute) == ("llama_cpp", "cpu")
+        assert "no NPU" in ready.fallback and qnn.SIMULATOR_ENV in ready.fallback
+        assert not any(tmp_path.iterdir())  # nothing was converted
+    finally:
+        engine.close()

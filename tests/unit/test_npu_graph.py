@@ -75,3 +75,39 @@ def test_the_cache_key_follows_the_file(tmp_path: Path) -> None:
     assert cache_key(str(f)) == first and first.startswith("m-")
     os.utime(f, ns=(1, 1))
     assert cache_key(str(f)) != first
+
+
+def test_the_npu_chat_estimate_counts_the_fp32_graph_its_sessions_and_kv() -> None:
+    from gateway.models.store import bundled_models
+    from gateway.supervisor.memory import NPU_MAX_CTX, npu_chat_bytes
+
+    entries = bundled_models()
+    if not entries:
+        pytest.skip("the bundled model is not installed")
+    path = entries[0].path
+    small, full = npu_chat_bytes(path, 128), npu_chat_bytes(path, NPU_MAX_CTX)
+    # SmolLM2-135M: a 651 MB fp32 graph (as converted), two QNN sessions of about 1.5 GB each
+    assert 2.8e9 < small < 3.4e9
+    assert full - small == 4 * 30 * 2 * 192 * (NPU_MAX_CTX - 128)  # the fp32 KV buffer
+    assert npu_chat_bytes(path, 8 * NPU_MAX_CTX) == full  # the engine caps its context
+
+
+def test_npu_on_a_chat_gguf_needs_qnn_and_on_x86_the_simulator(monkeypatch: pytest.MonkeyPatch) -> None:
+    from gateway.supervisor import compute
+    from protocol import qnn
+
+    monkeypatch.setattr(qnn, "is_simulated", lambda: True)
+    monkeypatch.setattr(qnn, "_installed", lambda: True)
+    monkeypatch.delenv(qnn.SIMULATOR_ENV, raising=False)
+    assert "no NPU" in (qnn.unavailable_reason() or "")
+    assert compute.resolve_compute("npu", "llama_cpp") == "cpu"
+    assert compute.resolve_compute("npu", "onnx") == "cpu"  # the embedding engine follows the same rule
+    monkeypatch.setenv(qnn.SIMULATOR_ENV, "1")
+    assert qnn.unavailable_reason() is None
+    assert compute.resolve_compute("npu", "llama_cpp") == "npu"
+    assert compute.resolve_compute("hybrid", "llama_cpp") == "hybrid"
+    assert compute.resolve_compute("npu", "onnx") == "npu"
+    assert compute.resolve_compute("npu", "llama_embed") == "cpu"  # an embedding GGUF has no NPU graph
+    monkeypatch.setattr(qnn, "is_simulated", lambda: False)  # a Snapdragon
+    monkeypatch.delenv(qnn.SIMULATOR_ENV)
+    assert compute.resolve_compute("npu", "llama_cpp") == "npu"
