@@ -81,8 +81,8 @@ class Decoder:
             if should_stop is not None and should_stop():
                 return None
             part = tokens[start : start + self.chunk]
-            if len(part) == 1 and start > 0:
-                logits = self._run(self.decode_session, part, 1)  # a lone last token: the cheaper shape
+            if len(part) == 1:
+                logits = self._run(self.decode_session, part, 1)  # a lone token: the cheaper shape
             else:
                 logits = self._run(self.prefill_session, part, self.chunk)
         return logits

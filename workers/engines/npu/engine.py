@@ -53,9 +53,11 @@ from workers.engines.llama.text_stream import TextStream
 from workers.engines.llama_runtime import VocabTokens, init_backend, meta, piece, tokenize
 from workers.engines.npu.convert import GRAPH_FILE, WEIGHTS_FILE, ConversionError, DecoderConfig, cached_or_convert
 from workers.engines.npu.decoder import (
+    CPU,
     QNN,
     Decoder,
     SessionFactory,
+    cpu_session_factory,
     qnn_session_factory,
 )
 
@@ -157,17 +159,21 @@ class NpuChatEngine(VocabTokens):
     name = "llama_npu"
     serves = (Generate, CountTokens)
 
-    def __init__(self, opts: EngineOptions) -> None:
+    def __init__(self, opts: EngineOptions, cpu_threads: int = 0) -> None:
+        """On QNN; or, with `cpu_threads` > 0, the same graph on onnxruntime's CPU EP (the tests of
+        this engine's request handling, which need no simulator)."""
         t0 = time.perf_counter()
-        reason = qnn.unavailable_reason()
-        if reason is not None:
-            raise NpuUnavailable(reason)
         from workers.engines.onnx import qnn_options, register_qnn  # the QNN plugin, registered once
 
-        try:
-            devices = register_qnn()
-        except EngineError as exc:
-            raise NpuUnavailable(exc.message) from None
+        devices: list[Any] = []
+        if not cpu_threads:
+            reason = qnn.unavailable_reason()
+            if reason is not None:
+                raise NpuUnavailable(reason)
+            try:
+                devices = register_qnn()
+            except EngineError as exc:
+                raise NpuUnavailable(exc.message) from None
         try:
             folder = cached_or_convert(opts.model_path, cache_dir(opts), progress=lambda m: log.info(m))
         except ConversionError as exc:
@@ -177,11 +183,12 @@ class NpuChatEngine(VocabTokens):
         self.compute = opts.compute
         self.n_ctx = max(2, min(opts.nctx or NPU_MAX_CTX, NPU_MAX_CTX, self.cfg.n_ctx_train))
         self.builds: list[tuple[str, float, bool]] = []
-        profile_dir = tempfile.mkdtemp(prefix="geniex-npu-") if opts.compute == "hybrid" else None
+        profile_dir = tempfile.mkdtemp(prefix="geniex-npu-") if opts.compute == "hybrid" and devices else None
+        self.provider = QNN if devices else CPU
         factory: SessionFactory = qnn_session_factory(
-            devices, qnn_options(), opts.threads or 1, cpu_fallback=opts.compute == "hybrid",
+            devices, qnn_options(), opts.threads or 2, cpu_fallback=opts.compute == "hybrid",
             on_build=lambda label, secs, warm: self.builds.append((label, secs, warm)), profile_dir=profile_dir,
-        )  # fmt: skip
+        ) if devices else cpu_session_factory(cpu_threads)  # fmt: skip
         try:
             self.decoder = Decoder(folder, self.cfg, self.n_ctx, factory)
             self.provider_nodes = self._probe_providers(profile_dir)
@@ -225,7 +232,7 @@ class NpuChatEngine(VocabTokens):
             import onnx
 
             graph = onnx.load(str(self.folder / GRAPH_FILE), load_external_data=False).graph
-            return {QNN: len(graph.node)}
+            return {self.provider: len(graph.node)}
         self.decoder.decode(0)
         self.decoder.reset()
         nodes = nodes_by_provider(self.decoder.decode_session.end_profiling())
@@ -249,9 +256,8 @@ class NpuChatEngine(VocabTokens):
             model_bytes=(self.folder / WEIGHTS_FILE).stat().st_size,
             load_seconds=round(self.load_seconds, 3),
             chat_template=self.template.is_native,
-            description=f"{self.cfg.arch} ONNX decoder, {self.cfg.n_layer} layers, on QNN HTP; "
-            f"graph nodes per provider: {nodes}",
-            provider=QNN,
+            description=f"{self.cfg.arch} ONNX decoder, {self.cfg.n_layer} layers; graph nodes per provider: {nodes}",
+            provider=self.provider,
             tool_format=self.template.tool_format,
         )
 
