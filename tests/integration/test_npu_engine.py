@@ -10,7 +10,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from protocol.wire import Constraint, Delta, Done, FromWorker, Generate, Sampling, Started
+from protocol.wire import Constraint, Delta, Done, FromWorker, Generate, Logits, Sampling, Started
 from tests.npu_models import bundled_gguf, converted
 from workers.engines import EngineError
 from workers.engines.npu.engine import NpuChatEngine
@@ -101,5 +101,7 @@ def test_what_the_engine_lacks_is_refused_by_name(engine: NpuChatEngine) -> None
         engine.submit(gen(logprobs=2))
     with pytest.raises(EngineError, match="NPU engine"):
         engine.submit(gen(messages=None, prompt="def f(", suffix="return 1"))
+    with pytest.raises(EngineError, match="NPU engine"):
+        engine.submit(Logits(req_id=9, log_id="t9", input_ids=[1, 2, 3]))
     with pytest.raises(EngineError, match="NPU context is 128"):
         engine.submit(gen(messages=[{"role": "user", "content": "word " * 200}]))

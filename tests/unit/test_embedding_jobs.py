@@ -130,7 +130,7 @@ def test_every_registered_engine_declares_what_it_serves() -> None:
     assert declared == {
         "llama_cpp": (Generate, CountTokens, Logits),
         "llama_embed": (Embed, Rerank),
-        "llama_npu": ((Generate, CountTokens), (Generate, CountTokens, Logits)),  # on QNN, or its CPU fallback
+        "llama_npu": ((Generate, CountTokens, Logits), (Generate, CountTokens, Logits)),  # on QNN, or on the CPU
         "onnx": (Embed, Rerank),
         "ocr": (Recognize,),
         "whisper": (Transcribe,),

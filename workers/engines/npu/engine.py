@@ -157,7 +157,7 @@ def cache_dir(opts: EngineOptions) -> Path:
 
 class NpuChatEngine(VocabTokens):
     name = "llama_npu"
-    serves = (Generate, CountTokens)
+    serves = (Generate, CountTokens, Logits)  # Logits only to refuse them by name
 
     def __init__(self, opts: EngineOptions, cpu_threads: int = 0) -> None:
         """On QNN; or, with `cpu_threads` > 0, the same graph on onnxruntime's CPU EP (the tests of
@@ -261,7 +261,9 @@ class NpuChatEngine(VocabTokens):
             tool_format=self.template.tool_format,
         )
 
-    def submit(self, req: Generate | CountTokens) -> None:
+    def submit(self, req: Generate | CountTokens | Logits) -> None:
+        if isinstance(req, Logits):
+            raise EngineError("/v1/logits is not available on the NPU engine (compute npu/hybrid); ask for compute cpu")
         if isinstance(req, CountTokens):
             tokens, _ = self._chat_tokens(req.messages, req.template_vars, req.tools)
             self.counts.append(TokenCount(req.req_id, len(tokens)))
