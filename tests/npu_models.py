@@ -17,6 +17,7 @@ def bundled_gguf() -> str:
 
 
 _converted: dict[str, Path] = {}
+progress: list[str] = []  # the progress lines of that conversion
 
 
 def converted(tmp_path_factory: pytest.TempPathFactory) -> Path:
@@ -24,5 +25,5 @@ def converted(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from workers.engines.npu.convert import cached_or_convert
 
     if "folder" not in _converted:
-        _converted["folder"] = cached_or_convert(bundled_gguf(), tmp_path_factory.mktemp("npu-cache"))
+        _converted["folder"] = cached_or_convert(bundled_gguf(), tmp_path_factory.mktemp("npu-cache"), progress.append)
     return _converted["folder"]

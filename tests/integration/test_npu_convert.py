@@ -12,7 +12,7 @@ import llama_cpp as L
 import numpy as np
 import pytest
 
-from tests.npu_models import bundled_gguf, converted
+from tests.npu_models import bundled_gguf, converted, progress
 from workers.engines.npu.convert import DecoderConfig
 from workers.engines.npu.decoder import Decoder, cpu_session_factory
 
@@ -78,6 +78,10 @@ def test_a_second_load_reuses_the_converted_folder(tmp_path_factory: pytest.Temp
     assert again == first
     assert sorted(p.name for p in first.parent.iterdir()) == [first.name]  # no temporary folder left behind
     assert Path(first / "model.onnx").is_file()
+    # The first conversion said what it was doing, a line per quarter of the layers.
+    assert progress[0].startswith("converting SmolLM2-135M-Instruct.Q4_1.gguf (llama, 30 layers)")
+    assert [p for p in progress if p.startswith("converted ")][:4] == [
+        "converted 7/30 layers", "converted 14/30 layers", "converted 21/30 layers", "converted 28/30 layers"]  # fmt: skip
 
 
 def test_without_an_npu_the_worker_runs_the_model_on_the_cpu_and_says_why(

@@ -254,8 +254,11 @@ def convert(gguf_path: str, out_dir: Path, progress: Callable[[str], None] | Non
         rotated = g.op("MatMul", [v, rot_c])
         return g.op("Add", [g.op("Mul", [v, "rope_cos"]), g.op("Mul", [rotated, "rope_sin"])])
 
+    say(f"converting {Path(gguf_path).name} ({cfg.arch}, {cfg.n_layer} layers) to an ONNX graph for the NPU")
+    every = max(1, cfg.n_layer // 4)  # a progress line per quarter, not per layer
     for i in range(cfg.n_layer):
-        say(f"converting layer {i + 1}/{cfg.n_layer}")
+        if (i + 1) % every == 0 and i + 1 < cfg.n_layer:
+            say(f"converted {i + 1}/{cfg.n_layer} layers")
         p = f"blk.{i}."
         past_k, past_v = f"past_key_{i}", f"past_value_{i}"
         inputs += [helper.make_tensor_value_info(n, f32, [1, hkv, "past", d]) for n in (past_k, past_v)]
@@ -288,7 +291,7 @@ def convert(gguf_path: str, out_dir: Path, progress: Callable[[str], None] | Non
     head = weight("output.weight") if "output.weight" in tensors else embd  # tied embeddings
     g.named("MatMul", [x, g.const("lm_head", np.ascontiguousarray(head.T))], "logits")
 
-    say("writing the ONNX graph")
+    say(f"converted {cfg.n_layer}/{cfg.n_layer} layers; writing the ONNX graph")
     graph = helper.make_graph(g.nodes, f"{cfg.arch}-decoder", inputs, outputs, g.inits)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)],
                               producer_name="geniex-npu-convert")  # fmt: skip
