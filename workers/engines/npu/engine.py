@@ -178,6 +178,9 @@ class NpuChatEngine(VocabTokens):
             folder = cached_or_convert(opts.model_path, cache_dir(opts), progress=lambda m: log.info(m))
         except ConversionError as exc:
             raise NpuUnavailable(str(exc)) from None
+        except Exception as exc:  # e.g. a quantization gguf-py cannot dequantize: run on the CPU
+            log.exception("converting the GGUF for the NPU failed")
+            raise NpuUnavailable(f"the GGUF could not be converted: {type(exc).__name__}: {exc}") from None
         self.cfg = DecoderConfig.load(folder)
         self.folder = folder
         self.compute = opts.compute
@@ -206,7 +209,8 @@ class NpuChatEngine(VocabTokens):
         self.vocab = L.llama_model_get_vocab(self.model)
         self.n_vocab = L.llama_vocab_n_tokens(self.vocab)
         if self.n_vocab != self.cfg.n_vocab:
-            raise EngineError(f"vocabulary {self.n_vocab} != graph's {self.cfg.n_vocab}", kind=ErrorKind.ENGINE)
+            L.llama_model_free(self.model)
+            raise NpuUnavailable(f"the vocabulary has {self.n_vocab} tokens but the graph {self.cfg.n_vocab} rows")
         self.template = ChatTemplate(
             meta(self.model, "tokenizer.chat_template"),
             bos_token=piece(self.vocab, L.llama_vocab_bos(self.vocab)).decode(errors="replace"),
