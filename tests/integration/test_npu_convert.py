@@ -104,3 +104,69 @@ def test_without_an_npu_the_worker_runs_the_model_on_the_cpu_and_says_why(
         assert not any(tmp_path.iterdir())  # nothing was converted
     finally:
         engine.close()
+
+
+def tiny_gguf(path: Path, arch: str) -> str:
+    """A random 2-layer model of `arch` with the bundled model's tokenizer (llama.cpp needs one),
+    biased Q/K/V and an untied output head: the parts a real model of that family has."""
+    import gguf
+
+    src = gguf.GGUFReader(bundled_gguf())
+    rng = np.random.default_rng(0)
+    n_vocab, n_embd, n_head, n_kv, n_ff, n_layer = 49152, 64, 4, 2, 96, 2
+    kv_dim = n_kv * n_embd // n_head
+    w = gguf.GGUFWriter(str(path), arch)
+    w.add_block_count(n_layer)
+    w.add_context_length(256)
+    w.add_embedding_length(n_embd)
+    w.add_feed_forward_length(n_ff)
+    w.add_head_count(n_head)
+    w.add_head_count_kv(n_kv)
+    w.add_rope_freq_base(10000.0)
+    w.add_layer_norm_rms_eps(1e-6)
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("smollm")
+    for key, add in (("tokens", w.add_token_list), ("token_type", w.add_token_types), ("merges", w.add_token_merges)):
+        add(src.fields[f"tokenizer.ggml.{key}"].contents())
+    w.add_bos_token_id(1)
+    w.add_eos_token_id(2)
+
+    def t(name: str, *shape: int, scale: float = 0.2, base: float = 0.0) -> None:
+        w.add_tensor(name, (base + scale * rng.standard_normal(shape)).astype(np.float32))
+
+    t("token_embd.weight", n_vocab, n_embd, scale=1.0)
+    t("output_norm.weight", n_embd, scale=0.1, base=1.0)
+    t("output.weight", n_vocab, n_embd)
+    for i in range(n_layer):
+        p = f"blk.{i}."
+        t(p + "attn_norm.weight", n_embd, scale=0.1, base=1.0)
+        t(p + "ffn_norm.weight", n_embd, scale=0.1, base=1.0)
+        for name, rows in (("attn_q", n_embd), ("attn_k", kv_dim), ("attn_v", kv_dim)):
+            t(p + name + ".weight", rows, n_embd)
+            t(p + name + ".bias", rows)
+        t(p + "attn_output.weight", n_embd, n_embd)
+        t(p + "ffn_gate.weight", n_ff, n_embd)
+        t(p + "ffn_up.weight", n_ff, n_embd)
+        t(p + "ffn_down.weight", n_embd, n_ff)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return str(path)
+
+
+def test_a_qwen2_model_converts_exactly(tmp_path: Path) -> None:
+    """qwen2: Q/K/V biases, NEOX RoPE (rows already in rotate-half order), an untied head."""
+    from workers.engines.npu.convert import convert
+
+    path = tiny_gguf(tmp_path / "qwen2.gguf", "qwen2")
+    cfg = convert(path, tmp_path / "onnx")
+    assert cfg.arch == "qwen2"
+    llm = L.Llama(path, n_ctx=64, logits_all=True, verbose=False, type_k=L.GGML_TYPE_F32, type_v=L.GGML_TYPE_F32)
+    tokens = llm.tokenize(PROMPT, add_bos=False)
+    llm.eval(tokens)
+    ref = np.array(llm.scores[: len(tokens)])
+    dec = Decoder(tmp_path / "onnx", cfg, 64, cpu_session_factory(2), chunk=CHUNK)
+    got = [dec.prefill(tokens[:5])] + [dec.decode(t) for t in tokens[5:]]
+    diff = max(float(np.abs(g - r).max()) for g, r in zip(got, ref[4:], strict=True))
+    assert diff < 1e-3 * float(np.abs(ref).max()), (diff, float(np.abs(ref).max()))

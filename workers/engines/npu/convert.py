@@ -1,4 +1,4 @@
-"""A llama-architecture GGUF as an ONNX decoder graph for onnxruntime (QNN HTP, or the CPU).
+"""A llama- or qwen2-architecture GGUF as an ONNX decoder graph for onnxruntime (QNN HTP, or the CPU).
 
 Only `gguf` (to read and dequantize the tensors) and `onnx.helper` (to write the graph); no torch.
 The graph is built for a static-shape NPU:
@@ -39,7 +39,10 @@ GRAPH_FILE = "model.onnx"
 WEIGHTS_FILE = "model.onnx.data"
 CONFIG_FILE = "npu.json"
 # Architectures whose GGUF tensors this converter maps; others stay on llama.cpp.
-SUPPORTED_ARCHS = ("llama",)
+SUPPORTED_ARCHS = ("llama", "qwen2")
+# llama.cpp's converter interleaves these architectures' Q/K rows for its "normal" RoPE; the others
+# (qwen2: NEOX RoPE) keep the half-split order rotate-half wants.
+INTERLEAVED_ROPE_ARCHS = ("llama",)
 MASKED = -10000.0  # additive mask for hidden positions: exp() of it is 0 in fp32 and in fp16 (HTP)
 
 
@@ -250,6 +253,19 @@ def convert(gguf_path: str, out_dir: Path, progress: Callable[[str], None] | Non
         w = weight(name) if w is None else w
         return g.op("MatMul", [v, g.const(name, np.ascontiguousarray(w.T))])
 
+    def projection(v: str, name: str, rope_heads: int, factor: float) -> str:
+        """Q, K or V with its optional bias (qwen2 has them): rows put in rotate-half order for
+        `rope_heads` heads, and scaled by `factor` (the attention scale, for Q)."""
+        w = weight(name + ".weight")
+        b = weight(name + ".bias").reshape(-1, 1) if name + ".bias" in tensors else None
+        if rope_heads and cfg.arch in INTERLEAVED_ROPE_ARCHS:
+            w = unpermute_rope_rows(w, rope_heads)
+            b = unpermute_rope_rows(b, rope_heads) if b is not None else None
+        out = linear(v, name + ".weight", w * np.float32(factor))
+        if b is None:
+            return out
+        return g.op("Add", [out, g.const(name + ".bias", (b.ravel() * np.float32(factor)).astype(np.float32))])
+
     def rope(v: str) -> str:  # v: [1, heads, seq, d]
         rotated = g.op("MatMul", [v, rot_c])
         return g.op("Add", [g.op("Mul", [v, "rope_cos"]), g.op("Mul", [rotated, "rope_sin"])])
@@ -265,12 +281,12 @@ def convert(gguf_path: str, out_dir: Path, progress: Callable[[str], None] | Non
         outputs += [helper.make_tensor_value_info(n, f32, [1, hkv, "seq", d]) for n in (f"present_key_{i}",
                                                                                          f"present_value_{i}")]  # fmt: skip
         hn = rms(x, p + "attn_norm.weight")
-        wq = unpermute_rope_rows(weight(p + "attn_q.weight"), h) * np.float32(scale)
-        wk = unpermute_rope_rows(weight(p + "attn_k.weight"), hkv)
-        q = g.op("Transpose", [g.op("Reshape", [linear(hn, p + "attn_q.weight", wq), shape_heads])], perm=[0, 2, 1, 3])
-        k = g.op("Transpose", [g.op("Reshape", [linear(hn, p + "attn_k.weight", wk), shape_kv_heads])],
+        q = g.op("Transpose", [g.op("Reshape", [projection(hn, p + "attn_q", h, scale), shape_heads])],
                  perm=[0, 2, 1, 3])  # fmt: skip
-        v = g.op("Transpose", [g.op("Reshape", [linear(hn, p + "attn_v.weight"), shape_kv_heads])], perm=[0, 2, 1, 3])
+        k = g.op("Transpose", [g.op("Reshape", [projection(hn, p + "attn_k", hkv, 1.0), shape_kv_heads])],
+                 perm=[0, 2, 1, 3])  # fmt: skip
+        v = g.op("Transpose", [g.op("Reshape", [projection(hn, p + "attn_v", 0, 1.0), shape_kv_heads])],
+                 perm=[0, 2, 1, 3])  # fmt: skip
         q = rope(q)
         k = g.named("Identity", [rope(k)], f"present_key_{i}")
         v = g.named("Identity", [v], f"present_value_{i}")
