@@ -33,6 +33,7 @@ _WANTED = (".block_count", ".embedding_length", ".attention.head_count", ".atten
            ".attention.key_length", ".attention.value_length", ".pooling_type", ".context_length",
            ".feed_forward_length", ".vocab_size")  # fmt: skip
 ARCHITECTURE = "general.architecture"
+TOKENS = "tokenizer.ggml.tokens"
 # Encoder-only architectures: embedding models even when the file declares no pooling.
 ENCODER_ARCHS = frozenset({
     "bert", "nomic-bert", "nomic-bert-moe", "jina-bert-v2", "jina-bert-v3", "neo-bert", "modern-bert", "eurobert",
@@ -87,6 +88,12 @@ def read_gguf_numbers(path: str) -> dict[str, float | str]:
                 (out[key],) = struct.unpack(_SCALAR[vtype], f.read(struct.calcsize(_SCALAR[vtype])))
             elif vtype == _STRING and key == ARCHITECTURE:
                 out[key] = string().decode(errors="replace")
+            elif vtype == _ARRAY and key == TOKENS:  # its length is the vocabulary size (the NPU estimate)
+                here = f.tell()
+                f.read(4)  # element type
+                (out[TOKENS],) = struct.unpack(count_fmt, f.read(size))
+                f.seek(here)
+                skip(vtype)
             else:
                 skip(vtype)
     return out
@@ -194,7 +201,8 @@ def npu_chat_bytes(path: str, nctx: int) -> int:
     n_embd, n_layer = value(".embedding_length", 0), value(".block_count", 0)
     n_head = value(".attention.head_count", 1) or 1
     kv_dim = value(".attention.head_count_kv", n_head) * (n_embd // n_head)
-    n_ff, n_vocab = value(".feed_forward_length", 4 * n_embd), value(".vocab_size", 32000)
+    n_ff = value(".feed_forward_length", 4 * n_embd)
+    n_vocab = value(".vocab_size", 0) or value(TOKENS, 32000)  # `<arch>.vocab_size` is optional
     params = n_layer * (2 * n_embd * n_embd + 2 * n_embd * kv_dim + 3 * n_embd * n_ff) + 2 * n_vocab * n_embd
     graph = 4 * params
     kv = 4 * n_layer * 2 * kv_dim * min(nctx, NPU_MAX_CTX)
