@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import sys
 import tempfile
@@ -99,6 +100,7 @@ def main() -> int:
         f"CPU EP/llama.cpp {r['cpu_ep_step_s'] / r['llama_step_s']:.1f}x)")  # fmt: skip
     say(f"greedy tokens agree (QNN fp16 vs CPU EP fp32): {qnn_toks == cpu_toks}")
     print(json.dumps({k: round(v, 4) for k, v in r.items()}))
+    shutil.rmtree(cache, ignore_errors=True)  # the graph and its context binaries: about 2 GB
     return 0
 
 
