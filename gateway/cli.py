@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from gateway.ops.settings import DEFAULT_HOST, Settings, default_data_dir, split_host
+from protocol import qnn
 
 # GENIEX_* variables that no flag reads but that the server does: the data dir's historical
 # spelling, llama.cpp's error log switch, and the QNN simulator's SoC model.
@@ -99,6 +100,9 @@ def _add_serve(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> argp
       help="a folder `grammar_path` may read GBNF files from (repeatable; none by default)")  # fmt: skip
     a("--no-webui", dest="webui", action="store_false", default=True,
       help="serve no web UI (/, /ops, /try, /docs) and no /openapi.json")  # fmt: skip
+    a("--qnn-simulator", action="store_true", default=False,
+      help="on x86_64, let `compute: npu` use Qualcomm's HTP simulator (slow: for development and tests; "
+           "without it npu falls back to the CPU where there is no NPU)")  # fmt: skip
     p.set_defaults(func=_serve)
     return p
 
@@ -207,6 +211,8 @@ def _serve(args: argparse.Namespace) -> int:
     if args.max_nctx < 0:
         raise SystemExit(f"error: --max-nctx must be 0 (each model's trained context) or more, not {args.max_nctx}")
     check_tls(args.certfile, args.keyfile)
+    if args.qnn_simulator and str(args.qnn_simulator).lower() not in ("0", "false", "no", "off"):
+        os.environ[qnn.SIMULATOR_ENV] = "1"  # read by the gateway's compute choice and by the workers
     host, port = split_host(args.host)
     keyed = bool(args.api_keys or args.api_key_file)
     if not keyed and not args.insecure_no_auth and not is_loopback(host):

@@ -297,6 +297,9 @@ class Ready(msgspec.Struct, tag="ready", array_like=True, omit_defaults=True):
     tool_format: str = ""
     # The CPU features the engine's build uses, e.g. "AVX2 AVX512 AVX512_VNNI" ("" when it does not say).
     cpu_features: str = ""
+    # Why the worker runs on the CPU although another unit was asked for (e.g. an NPU chat model
+    # whose architecture has no NPU graph); "" when it runs where it was asked to.
+    fallback: str = ""
 
 
 class Started(msgspec.Struct, tag="started", array_like=True, omit_defaults=True):

@@ -45,7 +45,9 @@ def grammar_dirs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
 @pytest.fixture(scope="session")
 def server(tmp_path_factory: pytest.TempPathFactory, grammar_dirs: tuple[Path, Path]) -> Iterator[ServerProcess]:
     """One real server for the read-mostly tests; tests that kill or reconfigure start their own."""
-    srv = ServerProcess(tmp_path_factory.mktemp("data"), "--nctx", "2048", "--grammar-dir", str(grammar_dirs[0]))
+    # --qnn-simulator: `compute: npu` (OCR) runs on QNN's HTP simulator, as on a Snapdragon's NPU.
+    srv = ServerProcess(tmp_path_factory.mktemp("data"), "--nctx", "2048", "--grammar-dir", str(grammar_dirs[0]),
+                        "--qnn-simulator")  # fmt: skip
     try:
         srv.wait_ready()
         yield srv

@@ -32,6 +32,8 @@ class WorkerInfo(msgspec.Struct):
     cpu_features: str | None = None  # what the engine's build uses (llama.cpp: its system info)
     cache_bytes: int = 0  # host RAM in saved prompt states
     cache_evictions: int = 0
+    runs_on: str | None = None  # the unit the worker really runs on (`compute` is the one asked for)
+    fallback: str | None = None  # why it runs on the CPU instead of the unit asked for
 
 
 class WorkerTable(msgspec.Struct):
@@ -86,6 +88,8 @@ async def workers(services: NamedDependency[Services]) -> WorkerTable:
                 cpu_features=(h.ready_info.cpu_features or None) if h.ready_info else None,
                 cache_bytes=h.cache_bytes,
                 cache_evictions=h.cache_evictions,
+                runs_on=h.ready_info.compute if h.ready_info else None,
+                fallback=(h.ready_info.fallback or None) if h.ready_info else None,
             )
         )
     return WorkerTable(object="list", data=rows)

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import functools
-import importlib.util
 
 import structlog
+
+from protocol import qnn
 
 log = structlog.get_logger("gateway.supervisor.compute")
 
@@ -27,27 +28,29 @@ def resolve_compute(requested: str | None, engine: str) -> str:
     unit = (requested or "cpu").lower()
     if unit == "cpu":
         return "cpu"
-    if engine == "llama_cpp":
+    if engine == "llama_cpp" and unit in ("npu", "hybrid"):
+        # A chat GGUF: the NPU chat engine converts it to an ONNX graph for QNN, or, when its
+        # architecture has no converter or QNN refuses the graph, runs it on the CPU and says why.
+        why = qnn.unavailable_reason()
+        if why is None:
+            return unit
+        if unit == "hybrid" and _gpu_offload():
+            return "gpu"
+        _warn_once(unit, engine, why)
+        return "cpu"
+    if engine in ("llama_cpp", "llama_embed"):
         if unit in ("gpu", "hybrid") and _gpu_offload():
             return "gpu"
-        _warn_once(unit, engine, "this llama.cpp build has no GPU/NPU offload")
+        _warn_once(unit, engine, "this llama.cpp build has no GPU offload")
         return "cpu"
     if engine in ("onnx", "ocr") and unit == "npu":
-        if _qnn_installed():
+        why = qnn.unavailable_reason()
+        if why is None:
             return "npu"  # the worker runs the QNN execution provider, and reports whether it took the model
-        _warn_once(unit, engine, "the onnxruntime-qnn package is not installed")
+        _warn_once(unit, engine, why)
         return "cpu"
     _warn_once(unit, engine, f"engine {engine} has no {unit} support here")
     return "cpu"
-
-
-@functools.cache
-def _qnn_installed() -> bool:
-    """Without importing it (the gateway never loads an engine): is the QNN plugin there?"""
-    try:
-        return importlib.util.find_spec("onnxruntime_qnn") is not None
-    except (ImportError, ValueError):
-        return False
 
 
 @functools.cache

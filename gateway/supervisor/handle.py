@@ -103,6 +103,7 @@ class WorkerSpec(msgspec.Struct, frozen=True, kw_only=True):
     nice: int = 0
     batch_tokens: int = 0  # an embedding engine's tokens per decode (0: the engine's default)
     cache_ram_mb: int = 0  # the chat engine's prompt cache in host RAM
+    cache_dir: str = ""  # where the NPU chat engine keeps converted graphs (the data dir's npu/)
 
     def argv(self, inbox: str, outbox: str) -> list[str]:
         # Isolated mode (-I): no PYTHON* variables, no user site-packages, and not the working
@@ -123,6 +124,7 @@ class WorkerSpec(msgspec.Struct, frozen=True, kw_only=True):
             "--nice", str(self.nice),
             "--batch-tokens", str(self.batch_tokens),
             "--cache-ram-mb", str(self.cache_ram_mb),
+            *(["--cache-dir", self.cache_dir] if self.cache_dir else []),
             "--inbox", inbox,
             "--outbox", outbox,
             "--parent-pid", str(os.getpid()),

@@ -30,8 +30,10 @@ EMBED_BATCH_TOKENS = 2048
 _SCALAR = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
 _STRING, _ARRAY = 8, 9
 _WANTED = (".block_count", ".embedding_length", ".attention.head_count", ".attention.head_count_kv",
-           ".attention.key_length", ".attention.value_length", ".pooling_type", ".context_length")  # fmt: skip
+           ".attention.key_length", ".attention.value_length", ".pooling_type", ".context_length",
+           ".feed_forward_length", ".vocab_size")  # fmt: skip
 ARCHITECTURE = "general.architecture"
+TOKENS = "tokenizer.ggml.tokens"
 # Encoder-only architectures: embedding models even when the file declares no pooling.
 ENCODER_ARCHS = frozenset({
     "bert", "nomic-bert", "nomic-bert-moe", "jina-bert-v2", "jina-bert-v3", "neo-bert", "modern-bert", "eurobert",
@@ -86,6 +88,12 @@ def read_gguf_numbers(path: str) -> dict[str, float | str]:
                 (out[key],) = struct.unpack(_SCALAR[vtype], f.read(struct.calcsize(_SCALAR[vtype])))
             elif vtype == _STRING and key == ARCHITECTURE:
                 out[key] = string().decode(errors="replace")
+            elif vtype == _ARRAY and key == TOKENS:  # its length is the vocabulary size (the NPU estimate)
+                here = f.tell()
+                f.read(4)  # element type
+                (out[TOKENS],) = struct.unpack(count_fmt, f.read(size))
+                f.seek(here)
+                skip(vtype)
             else:
                 skip(vtype)
     return out
@@ -114,10 +122,13 @@ def is_embedding_gguf(path: str) -> bool:
     return arch in ENCODER_ARCHS or (pooling is not None and int(pooling) != POOLING_NONE)
 
 
-def worker_engine(entry: ModelEntry) -> str:
-    """The worker engine for a model: a GGUF that is an embedding model gets llama_embed."""
+def worker_engine(entry: ModelEntry, compute: str = "cpu") -> str:
+    """The worker engine for a model: a GGUF that is an embedding model gets llama_embed; a chat
+    GGUF on the NPU (`npu`/`hybrid`) gets llama_npu, which converts it to an ONNX graph for QNN."""
     if entry.engine == "llama_cpp" and entry.path.endswith(".gguf") and is_embedding_gguf(entry.path):
         return "llama_embed"
+    if entry.engine == "llama_cpp" and compute in ("npu", "hybrid"):
+        return "llama_npu"
     return entry.engine
 
 
@@ -166,3 +177,33 @@ def estimate_worker_bytes(path: str, total_ctx_tokens: int) -> int:
         return WORKER_OVERHEAD
     per_token = _kv_bytes_per_token(path, mtime) if path.endswith(".gguf") else 0
     return size + per_token * total_ctx_tokens + WORKER_OVERHEAD
+
+
+# Resident memory of one QNN session per byte of the fp32 graph it compiles: 1.5 GB measured for
+# SmolLM2-135M's 650 MB graph on the x86_64 HTP simulator (issue 15). The NPU chat worker holds two
+# (prefill chunk and decode).
+NPU_SESSION_FACTOR = 2.3
+NPU_SESSIONS = 2
+NPU_MAX_CTX = 1024  # workers/engines/npu/engine.py caps its KV buffer at this
+
+
+def npu_chat_bytes(path: str, nctx: int) -> int:
+    """The NPU chat worker (workers/engines/npu): its fp32 ONNX graph (counted from the GGUF's
+    shapes: it is dequantized), the QNN sessions compiled from it, and its fp32 KV buffer."""
+    try:
+        meta = {k: v for k, v in _header(path, os.path.getmtime(path)).items() if isinstance(v, float | int)}
+    except OSError:
+        return WORKER_OVERHEAD
+
+    def value(suffix: str, default: float) -> int:
+        return int(next((v for k, v in meta.items() if k.endswith(suffix)), default))
+
+    n_embd, n_layer = value(".embedding_length", 0), value(".block_count", 0)
+    n_head = value(".attention.head_count", 1) or 1
+    kv_dim = value(".attention.head_count_kv", n_head) * (n_embd // n_head)
+    n_ff = value(".feed_forward_length", 4 * n_embd)
+    n_vocab = value(".vocab_size", 0) or value(TOKENS, 32000)  # `<arch>.vocab_size` is optional
+    params = n_layer * (2 * n_embd * n_embd + 2 * n_embd * kv_dim + 3 * n_embd * n_ff) + 2 * n_vocab * n_embd
+    graph = 4 * params
+    kv = 4 * n_layer * 2 * kv_dim * min(nctx, NPU_MAX_CTX)
+    return int(graph * NPU_SESSION_FACTOR * NPU_SESSIONS) + kv + WORKER_OVERHEAD

@@ -33,12 +33,14 @@ from gateway.supervisor.memory import (
     ENGINE_WORKING_BYTES,
     embedding_kv_tokens,
     estimate_worker_bytes,
+    npu_chat_bytes,
     worker_engine,
 )
 from gateway.supervisor.states import State
 from protocol.keys import WorkerKey
 from protocol.limits import MAX_DRAFT_MODELS
 
+NPU_FIRST_LOAD_S = 900.0
 log = structlog.get_logger("gateway.supervisor.pool")
 
 CAPACITY_WAIT_S = 60.0
@@ -76,7 +78,7 @@ class WorkerPool:
         self._cores = psutil.cpu_count(logical=False) or os.cpu_count() or 1
 
     def key_for(self, entry: ModelEntry, nctx: int | None, compute: str | None, ngl: int | None) -> WorkerKey:
-        unit = resolve_compute(compute or self.settings.compute, entry.engine)
+        unit = resolve_compute(compute or self.settings.compute, worker_engine(entry))
         layers = self.settings.ngl if ngl is None else ngl
         return WorkerKey(
             model=entry.id,
@@ -166,10 +168,12 @@ class WorkerPool:
             await old.stop(graceful=False)
         s = self.settings
         parallel = s.parallel or default_parallel(key.nctx)
-        engine = worker_engine(entry)
+        engine = worker_engine(entry, key.compute)
         kv_tokens = embedding_kv_tokens(entry.path) if engine == "llama_embed" else key.nctx * parallel
         cache_mb = s.cache_ram_mb if engine == "llama_cpp" else 0  # the chat engine's prompt cache
         need = estimate_worker_bytes(entry.path, kv_tokens) + (cache_mb << 20) + ENGINE_WORKING_BYTES.get(engine, 0)
+        if engine == "llama_npu":  # the ONNX graph, its QNN sessions and their KV buffer, not llama.cpp's
+            need = npu_chat_bytes(entry.path, key.nctx)
         spec = WorkerSpec(
             key=key,
             model_path=entry.path,
@@ -178,12 +182,14 @@ class WorkerPool:
             parallel=parallel,
             threads=s.threads,
             log_level=s.log_level or "info",
-            load_timeout=s.load_timeout,
+            # A first NPU load converts the GGUF and compiles its graphs: minutes for a larger model.
+            load_timeout=max(s.load_timeout, NPU_FIRST_LOAD_S) if engine == "llama_npu" else s.load_timeout,
             max_queue=s.max_queue,
             stream_interval_ms=s.stream_interval_ms,
             nice=s.worker_nice,
             batch_tokens=EMBED_BATCH_TOKENS if engine == "llama_embed" else 0,
             cache_ram_mb=cache_mb,
+            cache_dir=str(s.data_dir / "npu") if engine == "llama_npu" else "",
         )
         handle = await self._admit(spec, need)
         self.metrics.worker_started(key.model)
@@ -216,7 +222,7 @@ class WorkerPool:
                 idle=h.state is State.READY and h.inflight == 0,
                 last_used=h.last_used,
                 bytes=self._estimates.get(k, 0),
-                npu=k.compute == "npu",
+                npu=k.compute in ("npu", "hybrid"),  # both hold the NPU
             )
             for k, h in self.workers.items()
             if h.alive
@@ -245,7 +251,7 @@ class WorkerPool:
                         need_bytes=need,
                         available_bytes=available,
                         max_loaded=self.settings.max_loaded,
-                        npu=key.compute == "npu",
+                        npu=key.compute in ("npu", "hybrid"),
                     )
                     log.debug("eviction plan", worker=key.slug, need_mb=need >> 20, available_mb=available >> 20,
                               max_loaded=self.settings.max_loaded, evict=plan,

@@ -124,11 +124,13 @@ def test_every_registered_engine_declares_what_it_serves() -> None:
     declared = {}
     for name, target in ENGINES.items():
         module, _, factory = target.partition(":")
-        engine_class = typing.get_type_hints(getattr(importlib.import_module(module), factory))["return"]
-        declared[name] = engine_class.serves
+        returns = typing.get_type_hints(getattr(importlib.import_module(module), factory))["return"]
+        classes = typing.get_args(returns) or (returns,)  # a factory may return one of several engines
+        declared[name] = classes[0].serves if len(classes) == 1 else tuple(c.serves for c in classes)
     assert declared == {
         "llama_cpp": (Generate, CountTokens, Logits),
         "llama_embed": (Embed, Rerank),
+        "llama_npu": ((Generate, CountTokens, Logits), (Generate, CountTokens, Logits)),  # on QNN, or on the CPU
         "onnx": (Embed, Rerank),
         "ocr": (Recognize,),
         "whisper": (Transcribe,),

@@ -115,6 +115,7 @@ class EngineOptions(Protocol):
     stream_interval_ms: int  # 0: send each token's text as it comes
     batch_tokens: int  # an embedding engine's tokens per decode (0: its default)
     cache_ram_mb: int  # the chat engine's prompt cache in host RAM (0: none)
+    cache_dir: str  # the NPU chat engine's converted graphs ("": the default data dir's npu/)
 
 
 # name -> "module:factory"; the factory takes EngineOptions and returns a loaded Engine.
@@ -123,6 +124,9 @@ ENGINES: dict[str, str] = {
     # says so (gateway/supervisor/memory.py: is_embedding_gguf).
     "llama_cpp": "workers.engines.llama.engine:load",
     "llama_embed": "workers.engines.llama_embed:load",
+    # A chat GGUF on `compute: npu`/`hybrid`: converted to an ONNX decoder, run by onnxruntime-qnn
+    # (or, when QNN cannot run it, by the llama.cpp engine on the CPU, saying why).
+    "llama_npu": "workers.engines.npu.engine:load",
     "onnx": "workers.engines.onnx:load",
     # PP-OCR text detection + recognition (ONNX graphs on our onnxruntime sessions; RapidOCR's
     # pre- and post-processing): /v1/cv.

@@ -48,6 +48,7 @@ from rapidocr.ch_ppocr_det import TextDetector
 from rapidocr.ch_ppocr_rec import TextRecognizer
 from rapidocr.utils.output import RapidOCROutput
 
+from protocol import qnn
 from protocol.cv import MAX_IMAGE_PIXELS, MAX_TALL_RATIO, MAX_WIDE_RATIO
 from protocol.wire import PROTOCOL_VERSION, Done, ErrorKind, Failed, Ready, Recognize, TextRegion, TextRegions
 from workers.engines import Emit, EngineError, EngineOptions
@@ -190,6 +191,9 @@ class OcrEngine:
         return ort.InferenceSession(str(path), sess_options=so)
 
     def _start_npu(self) -> None:
+        if (why := qnn.unavailable_reason()) is not None:  # no NPU here, and the simulator is not enabled
+            log.warning("npu unavailable; running on cpu", reason=why)
+            return
         try:
             self._npu_devices = register_qnn()
         except EngineError as exc:

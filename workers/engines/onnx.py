@@ -39,6 +39,7 @@ import psutil
 import structlog
 from tokenizers import Tokenizer
 
+from protocol import qnn
 from protocol.wire import PROTOCOL_VERSION, Embed, ErrorKind, Ready, Rerank
 from workers.embedding_jobs import (
     EmbeddingQueue,
@@ -222,6 +223,9 @@ class OnnxEngine(QueuedEngine):
         return ort.InferenceSession(str(self.model_file), sess_options=so)
 
     def _start_npu(self) -> None:
+        if (why := qnn.unavailable_reason()) is not None:  # no NPU here, and the simulator is not enabled
+            log.warning("npu unavailable; running on cpu", reason=why)
+            return
         """Switch to QNN if it takes the model; otherwise stay on the CPU, and say why."""
         try:
             self._npu_devices = register_qnn()

@@ -1,0 +1,336 @@
+"""A llama- or qwen2-architecture GGUF as an ONNX decoder graph for onnxruntime (QNN HTP, or the CPU).
+
+Only `gguf` (to read and dequantize the tensors) and `onnx.helper` (to write the graph); no torch.
+The graph is built for a static-shape NPU:
+
+- inputs: `input_ids` [1, seq], an additive `attn_mask` [1, 1, seq, total] (total = past + seq),
+  the RoPE tables `rope_cos`/`rope_sin` [1, 1, seq, head_dim], and per layer `past_key_i` /
+  `past_value_i` [1, n_head_kv, past, head_dim]. The host owns the KV buffer, fills the mask and the
+  tables (so positions, context length and RoPE scaling are the host's business, not the graph's),
+  and pins `seq`, `past` and `total` per session (free-dimension overrides);
+- outputs: `logits` [1, seq, n_vocab], and only the new tokens' `present_key_i` / `present_value_i`
+  [1, n_head_kv, seq, head_dim], which the host writes into its buffer.
+
+Exactness details: GGUF stores each head's Q/K rows in the interleaved order llama.cpp's RoPE
+wants; they are put back in the half-split order here, so a plain rotate-half RoPE is exact. The
+attention scale 1/sqrt(head_dim) is folded into Wq. RMSNorm is onnxruntime's
+SimplifiedLayerNormalization (QNN maps it to its RmsNorm). Every tensor stays at most 4-D: grouped
+query attention reshapes the queries [1, n_head, seq, d] to [1, n_head_kv, group*seq, d] so that
+they meet their shared K/V head without repeating K/V.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+CONVERTER_VERSION = 1
+GRAPH_FILE = "model.onnx"
+WEIGHTS_FILE = "model.onnx.data"
+CONFIG_FILE = "npu.json"
+# Architectures whose GGUF tensors this converter maps; others stay on llama.cpp.
+SUPPORTED_ARCHS = ("llama", "qwen2")
+# llama.cpp's converter interleaves these architectures' Q/K rows for its "normal" RoPE; the others
+# (qwen2: NEOX RoPE) keep the half-split order rotate-half wants.
+INTERLEAVED_ROPE_ARCHS = ("llama",)
+MASKED = -10000.0  # additive mask for hidden positions: exp() of it is 0 in fp32 and in fp16 (HTP)
+
+
+class ConversionError(Exception):
+    """The GGUF cannot become an NPU graph (unsupported architecture or tensor layout)."""
+
+
+@dataclass(frozen=True)
+class DecoderConfig:
+    """What the host needs to drive the graph, written beside it as npu.json."""
+
+    arch: str
+    n_layer: int
+    n_embd: int
+    n_head: int
+    n_head_kv: int
+    head_dim: int
+    n_vocab: int
+    n_ctx_train: int
+    rms_eps: float
+    rope_base: float
+    rope_linear_scale: float  # positions are divided by this (llama.rope.scaling.type == linear)
+    rope_freq_factors: list[float] | None  # llama 3.x: per-frequency divisors (rope_freqs.weight)
+    source: str
+    converter_version: int = CONVERTER_VERSION
+
+    @classmethod
+    def load(cls, folder: Path) -> DecoderConfig:
+        return cls(**json.loads((folder / CONFIG_FILE).read_text()))
+
+
+def cache_key(gguf_path: str) -> str:
+    """Names a converted folder: the GGUF's resolved path, size and mtime, and this converter's
+    version (hashing the file itself would read hundreds of MB on every load)."""
+    p = Path(gguf_path).resolve()
+    st = p.stat()
+    digest = hashlib.sha256(f"{p}\0{st.st_size}\0{st.st_mtime_ns}\0{CONVERTER_VERSION}".encode()).hexdigest()
+    return f"{p.stem}-{digest[:16]}"
+
+
+def cached_or_convert(gguf_path: str, cache_dir: Path, progress: Callable[[str], None] | None = None) -> Path:
+    """The converted folder for this GGUF, converting it on the first call. Atomic: a folder is
+    converted under a temporary name and renamed when complete, so a crash leaves no half graph."""
+    target = cache_dir / cache_key(gguf_path)
+    if (target / CONFIG_FILE).is_file():
+        return target
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=".converting-", dir=cache_dir))
+    try:
+        convert(gguf_path, tmp, progress)
+        try:
+            tmp.rename(target)
+        except OSError:  # another worker converted the same model meanwhile: keep theirs
+            if not (target / CONFIG_FILE).is_file():
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return target
+
+
+# ---- reading the GGUF --------------------------------------------------------------------------
+
+
+def _field(reader: Any, key: str, default: Any = None) -> Any:
+    f = reader.fields.get(key)
+    if f is None:
+        return default
+    value = f.contents()
+    return value if value is not None else default
+
+
+def read_config(reader: Any, source: str) -> DecoderConfig:
+    arch = str(_field(reader, "general.architecture", ""))
+    if arch not in SUPPORTED_ARCHS:
+        raise ConversionError(
+            f"architecture {arch or 'unknown'!r} has no NPU graph yet (supported: {', '.join(SUPPORTED_ARCHS)})"
+        )
+    n_embd = int(_field(reader, f"{arch}.embedding_length"))
+    n_head = int(_field(reader, f"{arch}.attention.head_count"))
+    n_head_kv = int(_field(reader, f"{arch}.attention.head_count_kv", n_head))
+    head_dim = int(_field(reader, f"{arch}.attention.key_length", n_embd // n_head))
+    rope_dim = int(_field(reader, f"{arch}.rope.dimension_count", head_dim))
+    if rope_dim != head_dim or head_dim % 2:
+        raise ConversionError(f"partial RoPE ({rope_dim} of {head_dim} dimensions) is not supported")
+    if n_head % n_head_kv:
+        raise ConversionError(f"{n_head} query heads do not group over {n_head_kv} KV heads")
+    scaling = str(_field(reader, f"{arch}.rope.scaling.type", "none"))
+    if scaling not in ("none", "linear"):
+        raise ConversionError(f"RoPE scaling {scaling!r} is not supported")
+    scale = float(_field(reader, f"{arch}.rope.scaling.factor", 1.0)) if scaling == "linear" else 1.0
+    embd = next(t for t in reader.tensors if t.name == "token_embd.weight")
+    factors = next((t for t in reader.tensors if t.name == "rope_freqs.weight"), None)
+    return DecoderConfig(
+        arch=arch,
+        n_layer=int(_field(reader, f"{arch}.block_count")),
+        n_embd=n_embd,
+        n_head=n_head,
+        n_head_kv=n_head_kv,
+        head_dim=head_dim,
+        n_vocab=int(embd.shape[1]),
+        n_ctx_train=int(_field(reader, f"{arch}.context_length", 2048)),
+        rms_eps=float(_field(reader, f"{arch}.attention.layer_norm_rms_epsilon", 1e-5)),
+        rope_base=float(_field(reader, f"{arch}.rope.freq_base", 10000.0)),
+        rope_linear_scale=scale or 1.0,
+        rope_freq_factors=[float(x) for x in _dequant(factors).ravel()] if factors is not None else None,
+        source=str(Path(source).resolve()),
+    )
+
+
+def _dequant(tensor: Any) -> np.ndarray:
+    """A GGUF tensor as float32, in numpy's (rows, columns) order: (out_features, in_features)."""
+    from gguf import GGMLQuantizationType, quants
+
+    if tensor.tensor_type == GGMLQuantizationType.F32:
+        data = np.asarray(tensor.data, dtype=np.float32)
+    else:
+        data = quants.dequantize(tensor.data, tensor.tensor_type).astype(np.float32, copy=False)
+    rows = [int(d) for d in reversed(tensor.shape)]  # ggml's ne is innermost first
+    return data.reshape(rows)
+
+
+def unpermute_rope_rows(w: np.ndarray, n_heads: int) -> np.ndarray:
+    """Undo llama.cpp's converter permutation of Q/K rows: per head it stores the rotation pairs
+    interleaved (x0, x_{d/2}, x1, x_{d/2+1}, ...); rotate-half wants the halves split."""
+    rows, cols = w.shape
+    d = rows // n_heads
+    return w.reshape(n_heads, d // 2, 2, cols).transpose(0, 2, 1, 3).reshape(rows, cols)
+
+
+# ---- the graph ---------------------------------------------------------------------------------
+
+
+class _Graph:
+    def __init__(self) -> None:
+        from onnx import helper, numpy_helper
+
+        self.helper = helper
+        self.numpy_helper = numpy_helper
+        self.nodes: list[Any] = []
+        self.inits: list[Any] = []
+        self._n = 0
+
+    def const(self, name: str, array: np.ndarray) -> str:
+        self.inits.append(self.numpy_helper.from_array(np.ascontiguousarray(array), name))
+        return name
+
+    def op(self, op_type: str, inputs: list[str], n_out: int = 1, **attrs: Any) -> Any:
+        self._n += 1
+        outs = [f"{op_type.lower()}_{self._n}_{i}" for i in range(n_out)]
+        self.nodes.append(self.helper.make_node(op_type, inputs, outs, name=f"{op_type}_{self._n}", **attrs))
+        return outs[0] if n_out == 1 else outs
+
+    def named(self, op_type: str, inputs: list[str], output: str, **attrs: Any) -> str:
+        self._n += 1
+        self.nodes.append(self.helper.make_node(op_type, inputs, [output], name=f"{op_type}_{self._n}", **attrs))
+        return output
+
+
+def convert(gguf_path: str, out_dir: Path, progress: Callable[[str], None] | None = None) -> DecoderConfig:
+    """Write model.onnx (+ its external weights) and npu.json for the GGUF into `out_dir`."""
+    import onnx
+    from gguf import GGUFReader
+    from onnx import TensorProto, helper
+
+    say = progress or (lambda _msg: None)
+    t0 = time.perf_counter()
+    reader = GGUFReader(gguf_path)
+    cfg = read_config(reader, gguf_path)
+    tensors = {t.name: t for t in reader.tensors}
+
+    def weight(name: str) -> np.ndarray:
+        if name not in tensors:
+            raise ConversionError(f"the GGUF has no tensor {name}")
+        return _dequant(tensors[name])
+
+    g = _Graph()
+    d, h, hkv, group = cfg.head_dim, cfg.n_head, cfg.n_head_kv, cfg.n_head // cfg.n_head_kv
+    f32 = TensorProto.FLOAT
+    inputs = [
+        helper.make_tensor_value_info("input_ids", TensorProto.INT64, [1, "seq"]),
+        helper.make_tensor_value_info("attn_mask", f32, [1, 1, "seq", "total"]),
+        helper.make_tensor_value_info("rope_cos", f32, [1, 1, "seq", d]),
+        helper.make_tensor_value_info("rope_sin", f32, [1, 1, "seq", d]),
+    ]
+    outputs = [helper.make_tensor_value_info("logits", f32, [1, "seq", cfg.n_vocab])]
+
+    embd = weight("token_embd.weight")  # [n_vocab, n_embd]
+    x = g.op("Gather", [g.const("token_embd", embd), "input_ids"], axis=0)  # [1, seq, n_embd]
+    # rotate_half(v) = v @ R: [-v2, v1] for the halves v1, v2 (a matmul by 0/±1 is exact).
+    rot = np.zeros((d, d), dtype=np.float32)
+    half = d // 2
+    rot[half:, :half] = -np.eye(half, dtype=np.float32)
+    rot[:half, half:] = np.eye(half, dtype=np.float32)
+    rot_c = g.const("rope_rotate_half", rot)
+    mask = g.op("Tile", ["attn_mask", g.const("mask_repeats", np.array([1, 1, group, 1], np.int64))])
+    shape_heads = g.const("shape_heads", np.array([0, 0, h, d], np.int64))
+    shape_kv_heads = g.const("shape_kv_heads", np.array([0, 0, hkv, d], np.int64))
+    shape_grouped = g.const("shape_grouped", np.array([1, hkv, -1, d], np.int64))
+    shape_ungrouped = g.const("shape_ungrouped", np.array([1, h, -1, d], np.int64))
+    shape_flat = g.const("shape_flat", np.array([0, 0, h * d], np.int64))
+    scale = 1.0 / float(np.sqrt(d))
+
+    def rms(v: str, name: str) -> str:
+        return g.op("SimplifiedLayerNormalization", [v, g.const(name, weight(name))], axis=-1, epsilon=cfg.rms_eps,
+                    stash_type=1)  # fmt: skip
+
+    def linear(v: str, name: str, w: np.ndarray | None = None) -> str:
+        w = weight(name) if w is None else w
+        return g.op("MatMul", [v, g.const(name, np.ascontiguousarray(w.T))])
+
+    def projection(v: str, name: str, rope_heads: int, factor: float) -> str:
+        """Q, K or V with its optional bias (qwen2 has them): rows put in rotate-half order for
+        `rope_heads` heads, and scaled by `factor` (the attention scale, for Q)."""
+        w = weight(name + ".weight")
+        b = weight(name + ".bias").reshape(-1, 1) if name + ".bias" in tensors else None
+        if rope_heads and cfg.arch in INTERLEAVED_ROPE_ARCHS:
+            w = unpermute_rope_rows(w, rope_heads)
+            b = unpermute_rope_rows(b, rope_heads) if b is not None else None
+        out = linear(v, name + ".weight", w * np.float32(factor))
+        if b is None:
+            return out
+        return g.op("Add", [out, g.const(name + ".bias", (b.ravel() * np.float32(factor)).astype(np.float32))])
+
+    def rope(v: str) -> str:  # v: [1, heads, seq, d]
+        rotated = g.op("MatMul", [v, rot_c])
+        return g.op("Add", [g.op("Mul", [v, "rope_cos"]), g.op("Mul", [rotated, "rope_sin"])])
+
+    say(f"converting {Path(gguf_path).name} ({cfg.arch}, {cfg.n_layer} layers) to an ONNX graph for the NPU")
+    every = max(1, cfg.n_layer // 4)  # a progress line per quarter, not per layer
+    for i in range(cfg.n_layer):
+        if (i + 1) % every == 0 and i + 1 < cfg.n_layer:
+            say(f"converted {i + 1}/{cfg.n_layer} layers")
+        p = f"blk.{i}."
+        past_k, past_v = f"past_key_{i}", f"past_value_{i}"
+        inputs += [helper.make_tensor_value_info(n, f32, [1, hkv, "past", d]) for n in (past_k, past_v)]
+        outputs += [helper.make_tensor_value_info(n, f32, [1, hkv, "seq", d]) for n in (f"present_key_{i}",
+                                                                                         f"present_value_{i}")]  # fmt: skip
+        hn = rms(x, p + "attn_norm.weight")
+        q = g.op("Transpose", [g.op("Reshape", [projection(hn, p + "attn_q", h, scale), shape_heads])],
+                 perm=[0, 2, 1, 3])  # fmt: skip
+        k = g.op("Transpose", [g.op("Reshape", [projection(hn, p + "attn_k", hkv, 1.0), shape_kv_heads])],
+                 perm=[0, 2, 1, 3])  # fmt: skip
+        v = g.op("Transpose", [g.op("Reshape", [projection(hn, p + "attn_v", 0, 1.0), shape_kv_heads])],
+                 perm=[0, 2, 1, 3])  # fmt: skip
+        q = rope(q)
+        k = g.named("Identity", [rope(k)], f"present_key_{i}")
+        v = g.named("Identity", [v], f"present_value_{i}")
+        keys = g.op("Concat", [past_k, k], axis=2)  # [1, hkv, total, d]
+        values = g.op("Concat", [past_v, v], axis=2)
+        qg = g.op("Reshape", [q, shape_grouped])  # [1, hkv, group*seq, d]
+        scores = g.op("MatMul", [qg, g.op("Transpose", [keys], perm=[0, 1, 3, 2])])  # [1, hkv, group*seq, total]
+        probs = g.op("Softmax", [g.op("Add", [scores, mask])], axis=-1)
+        ctx = g.op("Reshape", [g.op("MatMul", [probs, values]), shape_ungrouped])  # [1, h, seq, d]
+        ctx = g.op("Reshape", [g.op("Transpose", [ctx], perm=[0, 2, 1, 3]), shape_flat])  # [1, seq, h*d]
+        x = g.op("Add", [x, linear(ctx, p + "attn_output.weight")])
+        hn = rms(x, p + "ffn_norm.weight")
+        gate = linear(hn, p + "ffn_gate.weight")
+        act = g.op("Mul", [g.op("Mul", [gate, g.op("Sigmoid", [gate])]), linear(hn, p + "ffn_up.weight")])
+        x = g.op("Add", [x, linear(act, p + "ffn_down.weight")])
+
+    x = rms(x, "output_norm.weight")
+    head = weight("output.weight") if "output.weight" in tensors else embd  # tied embeddings
+    g.named("MatMul", [x, g.const("lm_head", np.ascontiguousarray(head.T))], "logits")
+
+    say(f"converted {cfg.n_layer}/{cfg.n_layer} layers; writing the ONNX graph")
+    graph = helper.make_graph(g.nodes, f"{cfg.arch}-decoder", inputs, outputs, g.inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)],
+                              producer_name="geniex-npu-convert")  # fmt: skip
+    model.ir_version = 8
+    out_dir.mkdir(parents=True, exist_ok=True)
+    onnx.save_model(model, str(out_dir / GRAPH_FILE), save_as_external_data=True, all_tensors_to_one_file=True,
+                    location=WEIGHTS_FILE, size_threshold=1024)  # fmt: skip
+    (out_dir / CONFIG_FILE).write_text(json.dumps(asdict(cfg), indent=1))
+    say(f"converted in {time.perf_counter() - t0:.1f}s")
+    return cfg
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m workers.engines.npu.convert MODEL.gguf OUT_DIR`: convert once, by hand."""
+    import argparse
+
+    p = argparse.ArgumentParser(prog="python -m workers.engines.npu.convert")
+    p.add_argument("gguf")
+    p.add_argument("out_dir")
+    args = p.parse_args(argv)
+    convert(args.gguf, Path(args.out_dir), progress=print)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))

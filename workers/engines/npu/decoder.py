@@ -1,0 +1,180 @@
+"""Runs a converted decoder graph (convert.py) with static shapes: chunked prefill, then one token
+per step, over a KV buffer the host owns.
+
+Two onnxruntime sessions of the same graph, each with its symbolic dimensions pinned
+(free-dimension overrides), because the HTP backend compiles static shapes only:
+- prefill: `seq` = CHUNK tokens (a short last chunk is padded; its padding is masked and dropped);
+- decode: `seq` = 1.
+Both attend over `past` = the context length: the whole KV buffer is passed every step, and the
+additive mask hides the positions not written yet. The graph returns only the new tokens' K/V,
+which are written into the buffer here.
+
+On QNN each shape is compiled once and kept as a context binary (an EPContext model) under the
+converted folder, so a later load skips the 10+ s graph finalisation.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnxruntime as ort
+
+from workers.engines.npu.convert import GRAPH_FILE, MASKED, DecoderConfig
+
+CHUNK = 32  # prompt tokens per prefill pass
+QNN = "QNNExecutionProvider"
+CPU = "CPUExecutionProvider"
+
+SessionFactory = Callable[[Path, dict[str, int], str], ort.InferenceSession]
+
+
+def rope_tables(cfg: DecoderConfig, n_pos: int) -> tuple[np.ndarray, np.ndarray]:
+    """cos and sin [n_pos, head_dim] for rotate-half RoPE, as llama.cpp computes the angles."""
+    half = cfg.head_dim // 2
+    inv_freq = cfg.rope_base ** (-np.arange(half, dtype=np.float64) * 2 / cfg.head_dim)
+    if cfg.rope_freq_factors:
+        inv_freq = inv_freq / np.asarray(cfg.rope_freq_factors[:half], dtype=np.float64)
+    pos = np.arange(n_pos, dtype=np.float64) / cfg.rope_linear_scale
+    angles = np.outer(pos, inv_freq)
+    angles = np.concatenate([angles, angles], axis=1)
+    return np.cos(angles).astype(np.float32), np.sin(angles).astype(np.float32)
+
+
+class Decoder:
+    """One sequence's decoder state: the KV buffer and how many positions of it are filled."""
+
+    def __init__(self, folder: Path, cfg: DecoderConfig, n_ctx: int, make_session: SessionFactory,
+                 chunk: int = CHUNK) -> None:  # fmt: skip
+        self.cfg = cfg
+        self.n_ctx = n_ctx
+        self.chunk = min(chunk, n_ctx)
+        kv_shape = (1, cfg.n_head_kv, n_ctx, cfg.head_dim)
+        self.keys = [np.zeros(kv_shape, np.float32) for _ in range(cfg.n_layer)]
+        self.values = [np.zeros(kv_shape, np.float32) for _ in range(cfg.n_layer)]
+        self.cos, self.sin = rope_tables(cfg, n_ctx)
+        self.n_past = 0
+        graph = folder / GRAPH_FILE
+        self.prefill_session = make_session(graph, self._dims(self.chunk), f"prefill{self.chunk}")
+        self.decode_session = make_session(graph, self._dims(1), "decode")
+        self.outputs = ["logits"] + [f"present_{kind}_{i}" for i in range(cfg.n_layer) for kind in ("key", "value")]
+
+    def _dims(self, seq: int) -> dict[str, int]:
+        return {"seq": seq, "past": self.n_ctx, "total": self.n_ctx + seq}
+
+    def reset(self, keep: int = 0) -> None:
+        """Forget every position from `keep` on (the buffer is overwritten, not cleared: the mask
+        hides what was not written by this sequence)."""
+        self.n_past = min(keep, self.n_past)
+
+    def prefill(self, tokens: list[int], should_stop: Callable[[], bool] | None = None) -> np.ndarray | None:
+        """Feed prompt tokens in chunks; the last token's logits (None when stopped early)."""
+        if self.n_past + len(tokens) > self.n_ctx:
+            raise ValueError(f"{self.n_past + len(tokens)} tokens do not fit the context of {self.n_ctx}")
+        logits = None
+        for start in range(0, len(tokens), self.chunk):
+            if should_stop is not None and should_stop():
+                return None
+            part = tokens[start : start + self.chunk]
+            if len(part) == 1:
+                logits = self._run(self.decode_session, part, 1)  # a lone token: the cheaper shape
+            else:
+                logits = self._run(self.prefill_session, part, self.chunk)
+        return logits
+
+    def decode(self, token: int) -> np.ndarray:
+        """One token in, the next token's logits out."""
+        if self.n_past >= self.n_ctx:
+            raise ValueError(f"the context of {self.n_ctx} tokens is full")
+        return self._run(self.decode_session, [token], 1)
+
+    def _run(self, session: ort.InferenceSession, tokens: list[int], seq: int) -> np.ndarray:
+        n, pos, ctx = len(tokens), self.n_past, self.n_ctx
+        ids = np.zeros((1, seq), np.int64)
+        ids[0, :n] = tokens
+        mask = np.full((1, 1, seq, ctx + seq), MASKED, np.float32)
+        mask[0, 0, :, :pos] = 0.0  # every row sees the filled past
+        mask[0, 0, :, ctx:] = np.triu(np.full((seq, seq), MASKED, np.float32), k=1)  # causal among the new
+        cos = np.zeros((1, 1, seq, self.cfg.head_dim), np.float32)
+        sin = np.zeros_like(cos)
+        cos[0, 0, :n], sin[0, 0, :n] = self.cos[pos : pos + n], self.sin[pos : pos + n]
+        feed: dict[str, np.ndarray] = {"input_ids": ids, "attn_mask": mask, "rope_cos": cos, "rope_sin": sin}
+        for i in range(self.cfg.n_layer):
+            feed[f"past_key_{i}"] = self.keys[i]
+            feed[f"past_value_{i}"] = self.values[i]
+        out = session.run(self.outputs, feed)
+        for i in range(self.cfg.n_layer):
+            self.keys[i][:, :, pos : pos + n] = out[1 + 2 * i][:, :, :n]
+            self.values[i][:, :, pos : pos + n] = out[2 + 2 * i][:, :, :n]
+        self.n_past = pos + n
+        return np.asarray(out[0][0, n - 1], dtype=np.float32)
+
+
+# ---- sessions ----------------------------------------------------------------------------------
+
+
+def session_options(dims: dict[str, int], threads: int) -> ort.SessionOptions:
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = threads
+    so.inter_op_num_threads = 1
+    so.log_severity_level = 3
+    so.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    for name, value in dims.items():
+        so.add_free_dimension_override_by_name(name, value)
+    return so
+
+
+def cpu_session_factory(threads: int) -> SessionFactory:
+    def make(graph: Path, dims: dict[str, int], _label: str) -> ort.InferenceSession:
+        return ort.InferenceSession(str(graph), sess_options=session_options(dims, threads), providers=[CPU])
+
+    return make
+
+
+def context_file(graph: Path, dims: dict[str, int], options: dict[str, str], cpu_fallback: bool) -> Path:
+    """Where the compiled context binary of this shape lives (per SoC and fallback rule)."""
+    tag = hashlib.sha256(repr((sorted(dims.items()), sorted(options.items()), cpu_fallback)).encode()).hexdigest()[:12]
+    # Beside the graph: a context model that keeps some nodes on the CPU names the same weights file.
+    return graph.parent / f"qnn-ctx-s{dims['seq']}-p{dims['past']}-{tag}.onnx"
+
+
+def qnn_session_factory(devices: list[Any], options: dict[str, str], threads: int, *, cpu_fallback: bool,
+                        on_build: Callable[[str, float, bool], None] | None = None,
+                        profile_dir: str | None = None) -> SessionFactory:  # fmt: skip
+    """Sessions on QNN. `cpu_fallback` False (compute npu): onnxruntime refuses a graph that QNN
+    cannot take whole. The first build of a shape writes its context binary; later builds load it."""
+
+    def make(graph: Path, dims: dict[str, int], label: str) -> ort.InferenceSession:
+        t0 = time.perf_counter()
+        so = session_options(dims, threads)
+        if not cpu_fallback:
+            so.add_session_config_entry("session.disable_cpu_ep_fallback", "1")
+        if profile_dir is not None and label == "decode":
+            so.enable_profiling = True
+            so.profile_file_prefix = os.path.join(profile_dir, label)
+        ctx = context_file(graph, dims, options, cpu_fallback)
+        warm = ctx.is_file()
+        source = ctx if warm else graph
+        if not warm:
+            so.add_session_config_entry("ep.context_enable", "1")
+            so.add_session_config_entry("ep.context_file_path", str(ctx))
+            so.add_session_config_entry("ep.context_embed_mode", "0")  # the binary beside, not in, the protobuf
+        so.add_provider_for_devices(devices[:1], options)
+        try:
+            session = ort.InferenceSession(str(source), sess_options=so)
+        except Exception:
+            if not warm:
+                raise
+            # A context binary that no longer loads (a crash while writing it, another QNN SDK): rebuild it.
+            ctx.unlink(missing_ok=True)
+            return make(graph, dims, label)
+        if on_build is not None:
+            on_build(label, time.perf_counter() - t0, warm)
+        return session
+
+    return make
