@@ -115,6 +115,7 @@ class EngineOptions(Protocol):
     stream_interval_ms: int  # 0: send each token's text as it comes
     batch_tokens: int  # an embedding engine's tokens per decode (0: its default)
     cache_ram_mb: int  # the chat engine's prompt cache in host RAM (0: none)
+    mmproj: str  # the chat engine's multimodal projector GGUF ("": none)
 
 
 # name -> "module:factory"; the factory takes EngineOptions and returns a loaded Engine.
