@@ -184,6 +184,7 @@ class WorkerPool:
             nice=s.worker_nice,
             batch_tokens=EMBED_BATCH_TOKENS if engine == "llama_embed" else 0,
             cache_ram_mb=cache_mb,
+            mmproj=entry.mmproj if engine == "llama_cpp" else "",
         )
         handle = await self._admit(spec, need)
         self.metrics.worker_started(key.model)

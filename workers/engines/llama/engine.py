@@ -148,8 +148,7 @@ class LlamaEngine(VocabTokens):
             if media is not None:
                 media.free()
             raise EngineError(
-                f"the prompt is {n} tokens, but the context is {self.nctx}; "
-                "shorten it or ask for a larger `nctx`",
+                f"the prompt is {n} tokens, but the context is {self.nctx}; shorten it or ask for a larger `nctx`",
                 code="context_length_exceeded",
             )
         try:
