@@ -33,6 +33,7 @@ from gateway.supervisor.memory import (
     ENGINE_WORKING_BYTES,
     embedding_kv_tokens,
     estimate_worker_bytes,
+    file_bytes,
     worker_engine,
 )
 from gateway.supervisor.states import State
@@ -170,6 +171,8 @@ class WorkerPool:
         kv_tokens = embedding_kv_tokens(entry.path) if engine == "llama_embed" else key.nctx * parallel
         cache_mb = s.cache_ram_mb if engine == "llama_cpp" else 0  # the chat engine's prompt cache
         need = estimate_worker_bytes(entry.path, kv_tokens) + (cache_mb << 20) + ENGINE_WORKING_BYTES.get(engine, 0)
+        if entry.mmproj and engine == "llama_cpp":  # a vision model's projector loads beside it
+            need += file_bytes(entry.mmproj)
         spec = WorkerSpec(
             key=key,
             model_path=entry.path,

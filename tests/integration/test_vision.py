@@ -136,18 +136,19 @@ def test_a_local_image_inside_the_media_dir(client: openai.OpenAI, media: tuple[
 
 def test_text_streams_keep_decoding_while_images_prefill(client: openai.OpenAI) -> None:
     """Four clients: two text-only streams run, then two image requests come in. Every text stream
-    gets tokens after the image requests were sent and before their first token: their prefill
-    (text, image, text: several steps) does not stop the other slots."""
+    gets tokens after an image request was admitted to its slot (its response headers come with
+    the worker's Started, sent at admission) and before its first token: its prefill (text, image,
+    text: several steps) does not stop the other slots."""
     stamps: dict[str, list[float]] = {}
-    sent: dict[str, float] = {}
+    admitted: dict[str, float] = {}
     errors: list[BaseException] = []
     running = threading.Barrier(3)  # both text streams have a token, and the main thread
 
     def stream(name: str, messages: list[dict[str, object]], max_tokens: int, barrier: bool) -> None:
         try:
-            sent[name] = time.monotonic()
             s = client.chat.completions.create(model=VISION, messages=messages, temperature=0,  # type: ignore[arg-type]
                                                max_tokens=max_tokens, stream=True)  # fmt: skip
+            admitted[name] = time.monotonic()
             for c in s:
                 if c.choices and c.choices[0].delta.content:
                     stamps.setdefault(name, []).append(time.monotonic())
@@ -162,7 +163,15 @@ def test_text_streams_keep_decoding_while_images_prefill(client: openai.OpenAI) 
     for t in texts:
         t.start()
     running.wait(60)
-    images = [threading.Thread(target=stream, args=(f"image{i}", ask(data_url(solid_png(c))), 8, False))
+
+    # Text the cache has not seen opens each image prompt, and two images follow, so that the prefill
+    # takes several steps (text, image, text, image, text) whatever prefix of it is reused.
+    def two_images(i: int, rgb: tuple[int, int, int]) -> list[dict[str, object]]:
+        parts = [{"type": "text", "text": f"Request {i}: two pictures."}, image_part(data_url(solid_png(rgb))),
+                 {"type": "text", "text": "And"}, image_part(data_url(solid_png(rgb, 60))), {"type": "text", "text": QUESTION}]  # fmt: skip
+        return [{"role": "user", "content": parts}]
+
+    images = [threading.Thread(target=stream, args=(f"image{i}", two_images(i, c), 8, False))
               for i, c in enumerate((RED, YELLOW))]  # fmt: skip
     for t in images:
         t.start()
@@ -171,7 +180,7 @@ def test_text_streams_keep_decoding_while_images_prefill(client: openai.OpenAI) 
     assert not errors, errors
     assert all(stamps.get(n) for n in ("text0", "text1", "image0", "image1")), stamps.keys()
     for img in ("image0", "image1"):
-        window = (sent[img], stamps[img][0])
+        window = (admitted[img], stamps[img][0])
         for txt in ("text0", "text1"):
             during = [t for t in stamps[txt] if window[0] < t < window[1]]
             assert during, f"{txt} produced no token while {img} prefilled"

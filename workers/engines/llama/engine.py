@@ -101,7 +101,7 @@ class LlamaEngine(VocabTokens):
         self.add_bos = bool(L.llama_vocab_get_add_bos(self.vocab))
         self.slots = Slots(self.ctx, self.mem, self.parallel, self.nctx, opts.cache_ram_mb << 20)
         mmproj = getattr(opts, "mmproj", "")
-        self.media = Media(mmproj, model, threads) if mmproj else None
+        self.media = Media(mmproj, model, threads, gpu=self.n_gpu_layers > 0) if mmproj else None
         self.speculator = Speculator(self.vocab, self.n_vocab, n_gpu_layers=self.n_gpu_layers, nctx=self.nctx,
                                      parallel=self.parallel, n_batch=N_BATCH)  # fmt: skip
         self.threads = Threads(threads, lambda: [self.ctx, *self.speculator.contexts()])

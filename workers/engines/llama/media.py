@@ -96,11 +96,11 @@ def flatten(messages: list[dict[str, Any]], marker: str) -> tuple[list[dict[str,
 class Media:
     """A worker's mtmd context: its projector, bound to the worker's language model."""
 
-    def __init__(self, mmproj: str, model: ctypes.c_void_p, threads: int) -> None:
+    def __init__(self, mmproj: str, model: ctypes.c_void_p, threads: int, gpu: bool = False) -> None:
         M.mtmd_log_set(silent_log, ctypes.c_void_p(0))
         M.mtmd_helper_log_set(silent_log, ctypes.c_void_p(0))
         params = M.mtmd_context_params_default()
-        params.use_gpu = False
+        params.use_gpu = gpu
         params.print_timings = False
         params.n_threads = threads
         params.warmup = False
