@@ -230,3 +230,22 @@ def test_images_beyond_the_context_are_context_length_exceeded(server: ServerPro
                    json={"model": VISION, "messages": ask(data_url(solid_png(RED))), "max_tokens": 2, "nctx": nctx})  # fmt: skip
     assert r.status_code == 400, r.text
     assert "context" in r.json()["error"]
+
+
+@pytest.mark.parametrize(
+    ("body", "words"),
+    [
+        ({"messages": ask("/tmp/\x00red.png")}, "absolute path"),
+        ({"messages": ask(*[data_url(solid_png(RED))] * 17)}, "at most 16"),
+        ({"messages": ask(data_url(solid_png(RED))), "image_max_length": 2**70}, "image_max_length"),
+        ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": ["x"]}}]}]}, "url"),
+        ({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, "image_url.url"),
+    ],
+)
+def test_hostile_image_fields_are_a_400(server: ServerProcess, body: dict[str, object], words: str) -> None:
+    r = httpx.post(
+        f"{server.base_url}/v1/chat/completions", timeout=60, json={"model": VISION, "max_tokens": 2, **body}
+    )
+    assert r.status_code == 400, r.text
+    assert words in r.json()["error"]
+    assert httpx.get(f"{server.base_url}/health").status_code == 200
