@@ -96,6 +96,9 @@ def _add_serve(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> argp
     a("--fetch-host", dest="fetch_hosts", action="append", default=[],
       help="a host whose http(s) URLs requests may name for images and audio (repeatable; none by "
            "default: fetching for a client is a server-side request forgery risk)")  # fmt: skip
+    a("--media-dir", dest="media_dirs", action="append", type=Path, default=[],
+      help="a folder whose images chat requests may name by local path or file:// URL (repeatable; "
+           "none by default)")  # fmt: skip
     a("--grammar-dir", dest="grammar_dirs", action="append", type=Path, default=[],
       help="a folder `grammar_path` may read GBNF files from (repeatable; none by default)")  # fmt: skip
     a("--no-webui", dest="webui", action="store_false", default=True,
@@ -241,6 +244,7 @@ def _serve(args: argparse.Namespace) -> int:
         crash_window=args.crash_window,
         crash_backoff=args.crash_backoff,
         grammar_dirs=args.grammar_dirs,
+        media_dirs=args.media_dirs,
         fetch_hosts=args.fetch_hosts,
         stream_interval_ms=args.stream_interval_ms,
         worker_nice=args.worker_nice,

@@ -16,7 +16,7 @@ from typing import Any, Literal
 
 import msgspec
 
-PROTOCOL_VERSION = 6
+PROTOCOL_VERSION = 7
 
 # The speculation types a worker implements; the gateway refuses every other before sending.
 SpecType = Literal["ngram-simple", "ngram-map-k", "draft-simple"]
@@ -72,6 +72,15 @@ class Constraint(msgspec.Struct, array_like=True, frozen=True):
     field: str = ""
 
 
+class ImageInput(msgspec.Struct, array_like=True, frozen=True):
+    """An image for a vision model: 8-bit RGB pixels, row by row. The gateway decoded, checked and
+    resized it; the i-th image goes where the i-th `{"type": "image"}` content part is."""
+
+    width: int
+    height: int
+    rgb: bytes
+
+
 class Generate(msgspec.Struct, tag="generate", array_like=True, omit_defaults=True):
     """One generation request. Exactly one of `messages` (chat) or `prompt` (raw text) is set."""
 
@@ -96,6 +105,7 @@ class Generate(msgspec.Struct, tag="generate", array_like=True, omit_defaults=Tr
     # (`cache`), only among requests of the same `cache_key` (the tenant, narrowed by cache_salt).
     cache: bool = True
     cache_key: str = ""
+    images: list[ImageInput] = []  # for `{"type": "image"}` parts of `messages`, in order
 
 
 class CountTokens(msgspec.Struct, tag="count_tokens", array_like=True, omit_defaults=True):

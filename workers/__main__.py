@@ -73,6 +73,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--batch-tokens", type=int, default=0)
     p.add_argument("--cache-ram-mb", type=int, default=0)
     p.add_argument("--cache-dir", default="")  # the NPU chat engine's converted graphs
+    p.add_argument("--mmproj", default="")
     p.add_argument("--inbox", required=True)
     p.add_argument("--outbox", required=True)
     p.add_argument("--parent-pid", type=int, required=True)

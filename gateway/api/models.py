@@ -7,7 +7,7 @@ from litestar.di import NamedDependency
 
 from gateway.api.body import read_json
 from gateway.api.services import Services
-from gateway.models.capabilities import capabilities_of
+from gateway.models.capabilities import entry_capabilities
 from gateway.models.store import ModelEntry
 from gateway.supervisor.compute import resolve_compute
 from gateway.supervisor.handle import WorkerHandle
@@ -23,7 +23,7 @@ def _resident(pool: WorkerPool, h: WorkerHandle) -> Resident:
 
 def _model(e: ModelEntry, pool: WorkerPool) -> Model:
     return Model(id=e.id, created=e.created, owned_by=e.org, object="model",
-                 capabilities=capabilities_of(worker_engine(e)), context_length=trained_context(e.path),
+                 capabilities=entry_capabilities(worker_engine(e), e.mmproj), context_length=trained_context(e.path),
                  quantization=e.precision, engine=e.engine, size=e.size,
                  loaded=[_resident(pool, h) for h in pool.residents_of(e.id)])  # fmt: skip
 

@@ -16,18 +16,22 @@ from gateway.chat.speculation import speculation_of
 from gateway.errors import BadRequest
 from gateway.models.store import ModelStore
 from protocol.chat import ChatMessage, ChatRequest, GenerationRequest
-from protocol.wire import Generate, Sampling
+from protocol.wire import Generate, ImageInput, Sampling
 
 
 def _message_dict(i: int, m: ChatMessage) -> dict[str, Any]:
-    content = m.content
+    content: Any = m.content
     if isinstance(content, list):
-        texts: list[str] = []
-        for part in content:
-            if part.type != "text":
-                raise BadRequest(f"`messages[{i}].content`: part type {part.type!r} is not supported by a text model")
-            texts.append(part.text or "")
-        content = "".join(texts)
+        for j, part in enumerate(content):
+            if part.type == "input_audio":
+                raise BadRequest(f"`messages[{i}].content[{j}]`: audio input needs a model whose projector has an "
+                                 "audio encoder, and no installed model has one")  # fmt: skip
+        if any(part.type == "image_url" for part in content):
+            # The worker puts its own image marker where each image goes (its images in this order).
+            content = [{"type": "image"} if p.type == "image_url" else {"type": "text", "text": p.text or ""}
+                       for p in content]  # fmt: skip
+        else:
+            content = "".join(part.text or "" for part in content)
     d: dict[str, Any] = {"role": m.role, "content": content if content is not None else ""}
     if m.name is not None:
         d["name"] = m.name
@@ -188,7 +192,7 @@ def seeded(g: Generate, i: int) -> Generate:
 
 
 def plan_chat(req: ChatRequest, log_id: str, store: ModelStore, grammar_dirs: list[Path],
-              keep_cache: bool = False, tenant: str = "") -> ChatPlan:  # fmt: skip
+              keep_cache: bool = False, tenant: str = "", images: list[ImageInput] | None = None) -> ChatPlan:  # fmt: skip
     """Check and convert a chat request, before any model is loaded for it.
 
     `store` resolves a speculative request's draft model (`spec_draft_model`);
@@ -220,5 +224,6 @@ def plan_chat(req: ChatRequest, log_id: str, store: ModelStore, grammar_dirs: li
         logprobs=(req.top_logprobs or 0) if req.logprobs else -1,
         special=shape.tools is not None or shape.reasoning,
         tools=_tools(req) if req.tools and tools != "none" else None,
+        images=images or [],
     )
     return ChatPlan(generate, shape, req.n)

@@ -21,3 +21,9 @@ def capabilities_of(engine: str) -> list[str]:
 def serving(engines_of: dict[str, str], capability: str) -> list[str]:
     """The model ids (of `engines_of`: id -> engine) that have `capability`, sorted."""
     return sorted(m for m, e in engines_of.items() if capability in capabilities_of(e))
+
+
+def entry_capabilities(engine: str, mmproj: str) -> list[str]:
+    """An installed model's capabilities: its engine's, and `vision` for a chat model with a projector."""
+    caps = capabilities_of(engine)
+    return [*caps, "vision"] if mmproj and "chat" in caps else caps

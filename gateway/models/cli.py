@@ -32,6 +32,12 @@ def add_model_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser])
         "(model.bin + config.json + tokenizer.json) or diffusers pipeline folder (model_index.json), instead of "
         "downloading",
     )
+    p.add_argument(
+        "--mmproj",
+        type=Path,
+        metavar="PATH",
+        help="with --local MODEL.gguf: the model's multimodal projector GGUF, imported with it (a vision model)",
+    )
     add_data_dir(p)
     p.set_defaults(func=_guarded(_pull))
 
@@ -67,8 +73,11 @@ def _guarded(command: Command) -> Command:
 
 def _pull(args: argparse.Namespace) -> int:
     store = _store(args)
+    if getattr(args, "mmproj", None) is not None and args.local is None:
+        print("error: --mmproj goes with --local (a pull fetches the repo's projector itself)", file=sys.stderr)
+        return 2
     if args.local is not None:
-        entry = store.import_local(args.local, args.name)
+        entry = store.import_local(args.local, args.name, mmproj=getattr(args, "mmproj", None))
     else:
         from gateway.models.pull import (
             pull,  # huggingface_hub is slow to import; `list`/`rm` don't need it

@@ -72,6 +72,7 @@ def pull(store: ModelStore, name: str, *, progress: bool = True) -> ModelEntry:
         for s in (info.siblings or [])
     )
     chosen = choose(repo_id, files, wanted)
+    proj = mmproj_file(s.rfilename for s in (info.siblings or []))
     revision = info.sha or "main"
     source = f"hf://{repo_id}/{chosen.name}@{revision}"
     if store.variant_source(org, repo, chosen.precision) == source:
@@ -90,7 +91,15 @@ def pull(store: ModelStore, name: str, *, progress: bool = True) -> ModelEntry:
             )
         except Exception as exc:  # noqa: BLE001 - as above
             _reraise(exc, repo_id, chosen.name)
-        return store.add_variant(org, repo, chosen.precision, Path(local), source=source)
+        local_proj = None
+        if proj is not None:  # a vision model: its projector comes with it
+            try:
+                local_proj = hf_hub_download(repo_id, proj, revision=revision, local_dir=staging / "mmproj",
+                                             tqdm_class=None if progress else _QuietTqdm)  # fmt: skip
+            except Exception as exc:  # noqa: BLE001 - as above
+                _reraise(exc, repo_id, proj)
+        return store.add_variant(org, repo, chosen.precision, Path(local), source=source,
+                                 mmproj=Path(local_proj) if local_proj else None)  # fmt: skip
     finally:
         # Also runs on KeyboardInterrupt: a stopped pull leaves nothing behind.
         shutil.rmtree(staging, ignore_errors=True)
@@ -110,6 +119,22 @@ def gguf_files(files: Iterable[tuple[str, int | None]]) -> list[RepoFile]:
             parts = int(m.group(2))
         out.append(RepoFile(path, precision_from_filename(base) or "default", size, parts))
     return out
+
+
+# A repo's projectors, best first: the precision llama.cpp's own conversions publish, then smaller.
+MMPROJ_PREFERENCE = ("f16", "bf16", "q8_0", "f32")
+
+
+def mmproj_file(paths: Iterable[str]) -> str | None:
+    """The repo's multimodal projector (mmproj*.gguf) to fetch with its model, or None."""
+    found = [p for p in paths if (b := PurePosixPath(p).name.lower()).startswith("mmproj") and b.endswith(".gguf")]
+
+    def rank(path: str) -> tuple[int, str]:
+        base = PurePosixPath(path).name.lower()
+        hit = [i for i, tag in enumerate(MMPROJ_PREFERENCE) if tag in base]
+        return (hit[0] if hit else len(MMPROJ_PREFERENCE), base)
+
+    return min(found, key=rank) if found else None
 
 
 def choose(repo_id: str, files: list[RepoFile], wanted: str | None) -> RepoFile:

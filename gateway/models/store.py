@@ -83,6 +83,7 @@ class Variant(msgspec.Struct):
     size: int
     created: int
     source: str  # "hf://org/repo/file@commit" or "local:/abs/path"
+    mmproj: str = ""  # a vision model's multimodal projector GGUF, a bare file name in the repo folder
 
 
 class Manifest(msgspec.Struct):
@@ -102,6 +103,7 @@ class ModelEntry(msgspec.Struct, frozen=True):
     size: int
     created: int
     bundled: bool = False
+    mmproj: str = ""  # the multimodal projector's path: a vision model ("" for none)
 
 
 _manifest_decoder = msgspec.json.Decoder(Manifest)
@@ -332,12 +334,16 @@ class ModelStore:
                 removed.append(folder)
         return removed
 
-    def import_local(self, src: Path, name: str) -> ModelEntry:
+    def import_local(self, src: Path, name: str, mmproj: Path | None = None) -> ModelEntry:
         """Copy a local GGUF file, an ONNX model (its folder or .onnx file, with the folder's
         tokenizer.json), a CTranslate2 Whisper folder, or a diffusers pipeline folder (model_index.json)
         into the store as `name` (`org/repo[:precision]`)."""
         src = Path(src).expanduser()
         org, repo, precision = parse_name(name, BadRequest)
+        if mmproj is not None and not (src.is_file() and is_gguf(src)):
+            raise BadRequest("--mmproj goes with a GGUF language model")
+        if mmproj is not None and not (Path(mmproj).expanduser().is_file() and is_gguf(Path(mmproj).expanduser())):
+            raise BadRequest(f"{mmproj} is not a GGUF file (a multimodal projector is one)")
         if src.is_dir() and (src / CT2_MODEL_FILE).is_file():
             return self.import_whisper(src, org, repo, precision)
         if src.is_dir() and (src / DIFFUSERS_INDEX).is_file():
@@ -353,7 +359,11 @@ class ModelStore:
         try:
             tmp = staging / "model.gguf"
             shutil.copyfile(src, tmp)
-            return self.add_variant(org, repo, precision, tmp, source=f"local:{src.absolute()}")
+            proj = None
+            if mmproj is not None:
+                proj = staging / "mmproj.gguf"
+                shutil.copyfile(Path(mmproj).expanduser(), proj)
+            return self.add_variant(org, repo, precision, tmp, source=f"local:{src.absolute()}", mmproj=proj)
         finally:
             shutil.rmtree(staging, ignore_errors=True)
 
@@ -478,12 +488,16 @@ class ModelStore:
                 f"import this {engine} model under another name"
             )
 
-    def add_variant(self, org: str, repo: str, precision: str, downloaded_file: Path, source: str) -> ModelEntry:
-        """Move a complete file into the store and record it; the manifest is written last."""
+    def add_variant(self, org: str, repo: str, precision: str, downloaded_file: Path, source: str,
+                    mmproj: Path | None = None) -> ModelEntry:  # fmt: skip
+        """Move a complete file (and a vision model's projector, `mmproj`) into the store and record
+        it; the manifest is written last."""
         parse_name(f"{org}/{repo}:{precision}", BadRequest)
         downloaded_file = Path(downloaded_file)
         if not is_gguf(downloaded_file):
             raise BadRequest(f"{downloaded_file.name} is not a GGUF file")
+        if mmproj is not None and not is_gguf(mmproj):
+            raise BadRequest(f"{Path(mmproj).name} is not a GGUF file (a multimodal projector is one)")
         _fsync_file(downloaded_file)
         with self._locked():
             repo_dir = self.models_dir / org / repo
@@ -496,12 +510,19 @@ class ModelStore:
             old = manifest.variants.pop(old_key) if old_key is not None else None
             dest = repo_dir / f"{repo}.{precision}.gguf"
             self._move(downloaded_file, dest)
+            proj = ""
+            if mmproj is not None:
+                proj = f"{repo}.{precision}.mmproj.gguf"
+                _fsync_file(mmproj)
+                self._move(mmproj, repo_dir / proj)
             manifest.variants[precision] = Variant(
-                file=dest.name, size=dest.stat().st_size, created=int(time.time()), source=source
+                file=dest.name, size=dest.stat().st_size, created=int(time.time()), source=source, mmproj=proj
             )
             self._write_manifest(manifest_path, manifest)
             if old is not None and old.file != dest.name:
                 _delete(repo_dir, old.file)
+            if old is not None and old.mmproj and old.mmproj != proj:
+                _delete(repo_dir, old.mmproj)
             return self._entry(repo_dir, manifest, precision)
 
     def remove(self, name: str) -> list[ModelEntry]:
@@ -514,7 +535,8 @@ class ModelStore:
                 repo_dir, manifest = found
                 keys = [k for k in manifest.variants if precision is None or k.casefold() == precision.casefold()]
                 removed = [self._entry(repo_dir, manifest, k) for k in keys]
-                files = [manifest.variants.pop(k).file for k in keys]
+                popped = [manifest.variants.pop(k) for k in keys]
+                files = [v.file for v in popped] + [v.mmproj for v in popped if v.mmproj]
                 if keys:
                     # Drop the entries first: a concurrent reader must never see an entry without its file.
                     if manifest.variants:
@@ -589,6 +611,7 @@ class ModelStore:
         v = manifest.variants[key]
         # Names come from the folder, not the manifest text, so a hand-edited manifest cannot alias another repo.
         org, repo = repo_dir.parent.name, repo_dir.name
+        proj = in_repo(repo_dir, v.mmproj) if v.mmproj else None
         return ModelEntry(
             id=f"{org}/{repo}:{key}",
             org=org,
@@ -598,6 +621,7 @@ class ModelStore:
             path=str(repo_dir / Path(v.file).name),  # .name: never follow a path out of the folder
             size=v.size,
             created=v.created,
+            mmproj=str(proj) if proj is not None else "",
         )
 
     @staticmethod

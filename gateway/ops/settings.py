@@ -50,6 +50,7 @@ class Settings(msgspec.Struct, kw_only=True):
     # /health p99 slightly better on an idle box and decoding collapse beside any busy program.
     worker_nice: int = 0
     grammar_dirs: list[Path] = []  # where `grammar_path` may read from; none by default
+    media_dirs: list[Path] = []  # where a chat image's local path may point; none by default
     cache_ram_mb: int = 1024  # each chat worker's prompt cache in host RAM (0: none)
     allowed_hosts: list[str] = []  # Host names answered besides loopback and the bound address ("*": any)
     api_keys: list[str] = []  # with any key (or a key file), every route but the probes needs one

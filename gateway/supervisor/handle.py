@@ -104,6 +104,7 @@ class WorkerSpec(msgspec.Struct, frozen=True, kw_only=True):
     batch_tokens: int = 0  # an embedding engine's tokens per decode (0: the engine's default)
     cache_ram_mb: int = 0  # the chat engine's prompt cache in host RAM
     cache_dir: str = ""  # where the NPU chat engine keeps converted graphs (the data dir's npu/)
+    mmproj: str = ""  # the chat engine's multimodal projector (a vision model)
 
     def argv(self, inbox: str, outbox: str) -> list[str]:
         # Isolated mode (-I): no PYTHON* variables, no user site-packages, and not the working
@@ -125,6 +126,7 @@ class WorkerSpec(msgspec.Struct, frozen=True, kw_only=True):
             "--batch-tokens", str(self.batch_tokens),
             "--cache-ram-mb", str(self.cache_ram_mb),
             *(["--cache-dir", self.cache_dir] if self.cache_dir else []),
+            *(["--mmproj", self.mmproj] if self.mmproj else []),
             "--inbox", inbox,
             "--outbox", outbox,
             "--parent-pid", str(os.getpid()),

@@ -167,6 +167,14 @@ def embedding_kv_tokens(path: str) -> int:
     return 0 if arch in ENCODER_ARCHS else EMBED_BATCH_TOKENS
 
 
+def file_bytes(path: str) -> int:
+    """A file's size (0 when it is gone): e.g. a vision model's projector, loaded beside it."""
+    try:
+        return os.path.getsize(path)
+    except OSError:
+        return 0
+
+
 def estimate_worker_bytes(path: str, total_ctx_tokens: int) -> int:
     try:
         if os.path.isdir(path):  # an ONNX or diffusers model folder: its files (in subfolders too), no KV cache

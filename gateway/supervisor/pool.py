@@ -33,6 +33,7 @@ from gateway.supervisor.memory import (
     ENGINE_WORKING_BYTES,
     embedding_kv_tokens,
     estimate_worker_bytes,
+    file_bytes,
     npu_chat_bytes,
     worker_engine,
 )
@@ -174,6 +175,8 @@ class WorkerPool:
         need = estimate_worker_bytes(entry.path, kv_tokens) + (cache_mb << 20) + ENGINE_WORKING_BYTES.get(engine, 0)
         if engine == "llama_npu":  # the ONNX graph, its QNN sessions and their KV buffer, not llama.cpp's
             need = npu_chat_bytes(entry.path, key.nctx)
+        if entry.mmproj and engine == "llama_cpp":  # a vision model's projector loads beside it
+            need += file_bytes(entry.mmproj)
         spec = WorkerSpec(
             key=key,
             model_path=entry.path,
@@ -190,6 +193,7 @@ class WorkerPool:
             batch_tokens=EMBED_BATCH_TOKENS if engine == "llama_embed" else 0,
             cache_ram_mb=cache_mb,
             cache_dir=str(s.data_dir / "npu") if engine == "llama_npu" else "",
+            mmproj=entry.mmproj if engine in ("llama_cpp", "llama_npu") else "",  # llama_npu: for its CPU fallback
         )
         handle = await self._admit(spec, need)
         self.metrics.worker_started(key.model)

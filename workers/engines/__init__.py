@@ -116,6 +116,7 @@ class EngineOptions(Protocol):
     batch_tokens: int  # an embedding engine's tokens per decode (0: its default)
     cache_ram_mb: int  # the chat engine's prompt cache in host RAM (0: none)
     cache_dir: str  # the NPU chat engine's converted graphs ("": the default data dir's npu/)
+    mmproj: str  # the chat engine's multimodal projector GGUF ("": none)
 
 
 # name -> "module:factory"; the factory takes EngineOptions and returns a loaded Engine.

@@ -27,6 +27,9 @@ def _silent_log(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
         print(text.decode(errors="replace"), end="", flush=True)
 
 
+silent_log = _silent_log  # for mtmd's own logger (llama/media.py)
+
+
 def init_backend() -> None:
     L.llama_backend_init()
     L.llama_log_set(_silent_log, ctypes.c_void_p(0))

@@ -47,6 +47,7 @@ from workers.engines.llama.chat_template import (
 )
 from workers.engines.llama.logits import LogitsJob
 from workers.engines.llama.logprobs import token_logprobs
+from workers.engines.llama.media import Media, MediaPrompt, flatten, text_run
 from workers.engines.llama.sampling import build_sampler
 from workers.engines.llama.slots import Queued, Slot, Slots
 from workers.engines.llama.speculation import Speculator
@@ -99,6 +100,8 @@ class LlamaEngine(VocabTokens):
         )
         self.add_bos = bool(L.llama_vocab_get_add_bos(self.vocab))
         self.slots = Slots(self.ctx, self.mem, self.parallel, self.nctx, opts.cache_ram_mb << 20)
+        mmproj = getattr(opts, "mmproj", "")
+        self.media = Media(mmproj, model, threads, gpu=self.n_gpu_layers > 0) if mmproj else None
         self.speculator = Speculator(self.vocab, self.n_vocab, n_gpu_layers=self.n_gpu_layers, nctx=self.nctx,
                                      parallel=self.parallel, n_batch=N_BATCH)  # fmt: skip
         self.threads = Threads(threads, lambda: [self.ctx, *self.speculator.contexts()])
@@ -131,15 +134,30 @@ class LlamaEngine(VocabTokens):
             self.logit_jobs.append(LogitsJob.checked(req, n_vocab=self.n_vocab, nctx=self.nctx))
             return
         if req.speculation is not None:
+            if req.images:
+                raise EngineError("`speculative`: speculative decoding is not supported with images")
             self.speculator.check(req.speculation, self.threads.n)
-        tokens, reasoning_open = self._prompt_tokens(req)
+        media: MediaPrompt | None = None
+        if req.images:
+            media, reasoning_open = self._media_prompt(req)
+            tokens = media.keys
+        else:
+            tokens, reasoning_open = self._prompt_tokens(req)
         if len(tokens) >= self.nctx:
+            n = media.n_tokens if media is not None else len(tokens)
+            if media is not None:
+                media.free()
             raise EngineError(
-                f"the prompt is {len(tokens)} tokens, but the context is {self.nctx}; "
-                "shorten it or ask for a larger `nctx`",
+                f"the prompt is {n} tokens, but the context is {self.nctx}; shorten it or ask for a larger `nctx`",
                 code="context_length_exceeded",
             )
-        self.slots.waiting.append(Queued(req, tokens, build_sampler(req, self.vocab, self.n_vocab), reasoning_open))
+        try:
+            sampler = build_sampler(req, self.vocab, self.n_vocab)
+        except BaseException:
+            if media is not None:
+                media.free()
+            raise
+        self.slots.waiting.append(Queued(req, tokens, sampler, reasoning_open, media))
 
     def cancel(self, req_id: int, emit: Emit) -> None:
         for job in self.logit_jobs:
@@ -149,6 +167,8 @@ class LlamaEngine(VocabTokens):
                 return
         if (q := self.slots.unqueue(req_id)) is not None:
             q.sampler.free()
+            if q.media is not None:
+                q.media.free()
             emit(Done(req_id, "cancelled"))
             return
         if (slot := self.slots.find(req_id)) is not None:
@@ -174,6 +194,8 @@ class LlamaEngine(VocabTokens):
             self.speculator.release(slot)
         self.slots.close()
         self.speculator.close()
+        if self.media is not None:
+            self.media.close()
         L.llama_batch_free(self.batch)
         L.llama_free(self.ctx)
         L.llama_model_free(self.model)
@@ -192,6 +214,8 @@ class LlamaEngine(VocabTokens):
         self.coalesce_s = self.coalesce * max(1, self.slots.running())
         if self.speculator.active:
             self.speculator.make_drafts(self.slots)
+        if self.media is not None:
+            self._prefill_image(emit)
         batch = self.batch
         n = 0
         # Running sequences first: one token each (plus a draft to verify), so they never
@@ -211,7 +235,9 @@ class LlamaEngine(VocabTokens):
         for slot in self.slots:
             if slot.req is None or not slot.pending_prompt or n >= limit:
                 continue
-            take = min(len(slot.pending_prompt), limit - n)
+            take = min(text_run(slot.pending_prompt), limit - n)  # up to the next image, if any
+            if take == 0:
+                continue
             chunk, slot.pending_prompt = slot.pending_prompt[:take], slot.pending_prompt[take:]
             for j, tok in enumerate(chunk):
                 last = not slot.pending_prompt and j == take - 1
@@ -242,6 +268,28 @@ class LlamaEngine(VocabTokens):
                         self._take(slot, slot.sampler.sample(self.ctx, slot.row), emit, slot.row)
                 except Exception as exc:  # noqa: BLE001 - one request's failure is not its neighbours'
                     self._fail(slot, exc, emit)
+
+    def _prefill_image(self, emit: Emit) -> None:
+        """One image of one prefilling slot, encoded and decoded into its sequence, before this
+        step's batch (its KV must precede the text after it). A decode of embeddings cannot carry
+        tokens, so it runs on its own, and only one per step: the other slots decode between images."""
+        assert self.media is not None
+        for slot in self.slots:
+            if slot.req is None or slot.media is None or not slot.pending_prompt or slot.pending_prompt[0] >= 0:
+                continue
+            chunk = slot.media.at.get(slot.n_past)
+            try:
+                if chunk is None:
+                    raise EngineError("an image's place in the prompt was lost", kind=ErrorKind.ENGINE)
+                t0 = time.perf_counter()
+                new_past = self.media.evaluate(chunk, self.ctx, slot.n_past, slot.seq, N_BATCH)
+                self.threads.after_step(new_past - slot.n_past, time.perf_counter() - t0)
+            except Exception as exc:  # noqa: BLE001 - one request's failure is not its neighbours'
+                self._fail(slot, exc, emit)
+                return
+            slot.pending_prompt = slot.pending_prompt[new_past - slot.n_past :]
+            slot.n_past = new_past
+            return
 
     def _take(self, slot: Slot, tok: int, emit: Emit, row: int) -> bool:
         """Emit one sampled token; False when it ended the generation (the slot is released)."""
@@ -350,11 +398,32 @@ class LlamaEngine(VocabTokens):
     def _chat_tokens(self, messages: list[dict[str, Any]], variables: dict[str, Any],
                      tools: list[dict[str, Any]] | None) -> tuple[list[int], bool]:  # fmt: skip
         """A chat prompt rendered by the model's template, its tokens, and whether it opened `<think>`."""
+        text = self._render(messages, variables, tools, "")
+        return self._tokens(text), opens_reasoning(text)
+
+    def _render(self, messages: list[dict[str, Any]], variables: dict[str, Any],
+                tools: list[dict[str, Any]] | None, marker: str) -> str:  # fmt: skip
+        """The chat prompt; image parts become `marker` (none without images: counting text only)."""
+        messages, _ = flatten(messages, marker)
         try:
-            text = self.template.render(messages, variables, tools)
+            return self.template.render(messages, variables, tools)
         except TemplateError as exc:
             raise EngineError(f"`messages`: {exc}") from exc
-        return self._tokens(text), opens_reasoning(text)
+
+    def _media_prompt(self, req: Generate) -> tuple[MediaPrompt, bool]:
+        """A chat prompt with images, tokenized by mtmd into keys (llama/media.py)."""
+        if self.media is None:
+            raise EngineError("`messages`: this model has no multimodal projector; it cannot read images",
+                              kind=ErrorKind.UNSUPPORTED)  # fmt: skip
+        if req.messages is None:
+            raise EngineError("`images` need chat `messages`")
+        text = self._render(req.messages, req.template_vars, req.tools, self.media.marker)
+        _, n_images = flatten(req.messages, "")
+        if n_images != len(req.images):
+            raise EngineError(f"`messages` has {n_images} image parts but {len(req.images)} images came with it")
+        bos = self.template.bos_token
+        add_special = self.add_bos and not (bos and text.startswith(bos))
+        return self.media.tokenize(text, req.images, add_special=add_special), opens_reasoning(text)
 
     def _tokens(self, text: str) -> list[int]:
         bos = self.template.bos_token

@@ -27,6 +27,7 @@ from protocol.wire import Generate, Speculation, Started, TokenLogprob
 from workers.engines import Emit
 from workers.engines.llama import prompt_cache
 from workers.engines.llama.draft_model import SpecState
+from workers.engines.llama.media import MediaPrompt, whole_media
 from workers.engines.llama.prompt_cache import PromptCache, common_prefix
 from workers.engines.llama.sampling import Sampler
 from workers.engines.llama.text_stream import TextStream
@@ -69,6 +70,7 @@ class Slot:
     cacheable: bool = False
     pinned: bool = False
     used: float = 0.0
+    media: MediaPrompt | None = None  # the images of a prompt still prefilling (llama/media.py)
 
 
 @dataclass
@@ -80,6 +82,7 @@ class Queued:
     tokens: list[int]
     sampler: Sampler
     reasoning_open: bool = False
+    media: MediaPrompt | None = None  # a prompt with images: its keys are `tokens`
 
 
 class Slots:
@@ -123,7 +126,8 @@ class Slots:
             slot.req = req
             slot.history = list(tokens)
             slot.pending_prompt = tokens[reuse:]
-            slot.n_prompt = len(tokens)
+            slot.n_prompt = q.media.n_tokens if q.media is not None else len(tokens)
+            slot.media = q.media
             slot.n_cached = reuse
             slot.n_past = reuse
             slot.n_gen = 0
@@ -138,7 +142,7 @@ class Slots:
             if req.speculation is not None:
                 slot.spec = speculate(req.speculation)
             slot.started = time.perf_counter()
-            emit(Started(req.req_id, len(tokens), reuse, q.reasoning_open, self.cache.bytes, self.cache.evictions))
+            emit(Started(req.req_id, slot.n_prompt, reuse, q.reasoning_open, self.cache.bytes, self.cache.evictions))
 
     def _place(self, free: list[Slot], req: Generate, tokens: list[int]) -> tuple[Slot, int]:
         """The slot for this prompt and how many of its tokens already have KV there: the longest
@@ -146,19 +150,21 @@ class Slots:
         # At least one prompt token must be evaluated, so that there are logits to sample from.
         limit = len(tokens) - 1
         own = [s for s in free if s.cacheable and s.tenant == req.cache_key] if req.cache else []
-        in_place, n_in = max(((s, min(common_prefix(s.history, tokens), limit)) for s in own),
+        # A reused prefix never ends inside an image (whole_media): half an image's KV is no use.
+        in_place, n_in = max(((s, whole_media(tokens, min(common_prefix(s.history, tokens), limit))) for s in own),
                              key=lambda c: c[1], default=(None, 0))  # fmt: skip
         source: Slot | prompt_cache.Entry | None = None
         n_copy = 0
         if req.cache:
             for s in self.slots:  # a busy slot's KV is valid up to what it has decoded
                 if s is not in_place and s.tenant == req.cache_key and (s.cacheable or s.req is not None):
-                    n = min(common_prefix(s.history, tokens), s.n_past, limit)
+                    n = whole_media(tokens, min(common_prefix(s.history, tokens), s.n_past, limit))
                     if n > n_copy:
                         source, n_copy = s, n
             entry, n = self.cache.best(req.cache_key, tokens)
-            if min(n, limit) > n_copy:
-                source, n_copy = entry, min(n, limit)
+            n = whole_media(tokens, min(n, limit))
+            if n > n_copy:
+                source, n_copy = entry, n
         if in_place is not None and n_in + MIN_COPY_TOKENS > n_copy:
             self._keep(in_place, n_in)
             L.llama_memory_seq_rm(self.mem, in_place.seq, n_in, -1)
@@ -204,6 +210,9 @@ class Slots:
         of its tenant; anything else leaves nothing."""
         if slot.sampler is not None:
             slot.sampler.free()
+        if slot.media is not None:
+            slot.media.free()
+            slot.media = None
         req = slot.req
         if completed and req is not None and req.cache and not slot.pending_prompt:
             # The last sampled token was never decoded, so its KV does not exist.
@@ -229,4 +238,6 @@ class Slots:
                 self.release(slot, completed=False)
         for q in self.waiting:
             q.sampler.free()
+            if q.media is not None:
+                q.media.free()
         self.waiting.clear()

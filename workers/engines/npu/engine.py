@@ -278,6 +278,8 @@ class NpuChatEngine(VocabTokens):
             raise EngineError("`logprobs` are not available on the NPU engine (compute npu/hybrid)")
         if req.suffix is not None:
             raise EngineError("`suffix` (fill in the middle) is not available on the NPU engine (compute npu/hybrid)")
+        if req.images:
+            raise EngineError("images are not available on the NPU engine (compute npu/hybrid); ask for compute cpu")
         if req.messages is not None:
             tokens, reasoning_open = self._chat_tokens(req.messages, req.template_vars, req.tools)
         else:
