@@ -10,6 +10,17 @@ from litestar.di import NamedDependency
 
 from gateway.api.lifecycle import Lifecycle
 from gateway.api.services import Services
+from protocol.wire import UpstreamHealth
+
+
+class UpstreamInfo(msgspec.Struct):
+    """An upstream worker's last probe of the server its model lives on."""
+
+    url: str
+    healthy: bool
+    detail: str
+    latency_ms: float
+    checked_s_ago: float
 
 
 class WorkerInfo(msgspec.Struct):
@@ -32,6 +43,7 @@ class WorkerInfo(msgspec.Struct):
     cpu_features: str | None = None  # what the engine's build uses (llama.cpp: its system info)
     cache_bytes: int = 0  # host RAM in saved prompt states
     cache_evictions: int = 0
+    upstream: UpstreamInfo | None = None  # only for a model served elsewhere (engine "upstream")
 
 
 class WorkerTable(msgspec.Struct):
@@ -86,9 +98,17 @@ async def workers(services: NamedDependency[Services]) -> WorkerTable:
                 cpu_features=(h.ready_info.cpu_features or None) if h.ready_info else None,
                 cache_bytes=h.cache_bytes,
                 cache_evictions=h.cache_evictions,
+                upstream=_upstream(h.upstream_health),
             )
         )
     return WorkerTable(object="list", data=rows)
+
+
+def _upstream(probe: UpstreamHealth | None) -> UpstreamInfo | None:
+    if probe is None:
+        return None
+    return UpstreamInfo(url=probe.url, healthy=probe.healthy, detail=probe.detail, latency_ms=probe.latency_ms,
+                        checked_s_ago=round(max(0.0, time.time() - probe.checked), 1))  # fmt: skip
 
 
 handlers = [health, ready, v1_root, workers]

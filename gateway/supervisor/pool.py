@@ -185,7 +185,7 @@ class WorkerPool:
             batch_tokens=EMBED_BATCH_TOKENS if engine == "llama_embed" else 0,
             cache_ram_mb=cache_mb,
         )
-        handle = await self._admit(spec, need)
+        handle = self._admit_remote(spec, need) if engine == "upstream" else await self._admit(spec, need)
         self.metrics.worker_started(key.model)
         t0 = time.perf_counter()
         try:
@@ -219,7 +219,7 @@ class WorkerPool:
                 npu=k.compute == "npu",
             )
             for k, h in self.workers.items()
-            if h.alive
+            if h.alive and h.spec.engine != "upstream"  # see _admit_remote
         ]
 
     def _available_bytes(self) -> int:
@@ -227,6 +227,14 @@ class WorkerPool:
         workers still loading have yet to allocate (their whole estimate, to be safe)."""
         loading = sum(self._estimates.get(k, 0) for k, h in self.workers.items() if h.state is State.STARTING)
         return psutil.virtual_memory().available - self.settings.memory_reserve_mb * (1 << 20) - loading
+
+    def _admit_remote(self, spec: WorkerSpec, need: int) -> WorkerHandle:
+        """A worker relaying a model served elsewhere holds no weights: it is registered without an
+        eviction plan, so it never stops a local model, nor counts against --max-loaded."""
+        handle = WorkerHandle(spec, self.zctx, self.runtime_dir, self.events)
+        self.workers[spec.key] = handle
+        self._estimates[spec.key] = need
+        return handle
 
     async def _admit(self, spec: WorkerSpec, need: int) -> WorkerHandle:
         """Evict what must go so that `spec`'s worker fits, then register its handle (not yet
