@@ -7,7 +7,8 @@ and ours, where the same model is registered with `geniex pull --upstream` (engi
 Rounds alternate, direct then through us, so the drift of a noisy machine hits both alike; each
 round is bench.py's workload (greedy, streamed, `stream_options.include_usage`), then
 `--clients` concurrent streams. Reported: median single-stream decode tok/s and TTFT of each,
-the aggregate tok/s of the concurrent streams, the ratios us/direct (goal: decode >= 0.97), and
+end-to-end tok/s (tokens over send-to-last-byte), the aggregate tok/s of the concurrent streams,
+the ratios us/direct (goal: decode >= 0.97), and
 the resident memory of our upstream worker (what the pool's estimate for such a worker stands on).
 """
 
@@ -62,6 +63,8 @@ async def rounds(direct: openai.AsyncOpenAI, via: openai.AsyncOpenAI, args: argp
         out[name] = {
             "decode_tps": med([x["decode_tps"] for x in single[name]]),
             "ttft_ms": med([x["ttft_ms"] for x in single[name]]),
+            # Tokens over the whole request, send to last byte: what a client waits, relay latency included.
+            "e2e_tps": med([x["tokens"] / x["total_s"] for x in single[name]]),
             "tokens": med([x["tokens"] for x in single[name]]),
             f"aggregate_tps_{args.clients}": med([x["aggregate_tps"] for x in conc[name]]),
             "same_text_as_direct": single[name][0]["text"] == single["direct"][0]["text"],
@@ -99,6 +102,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     d, v = res["direct"], res["via_us"]
     res["ratios"] = {
         "decode": v["decode_tps"] / d["decode_tps"],
+        "e2e": v["e2e_tps"] / d["e2e_tps"],
         "ttft_ms_diff": v["ttft_ms"] - d["ttft_ms"],
         f"aggregate_{args.clients}": v[f"aggregate_tps_{args.clients}"] / d[f"aggregate_tps_{args.clients}"],
     }

@@ -34,18 +34,20 @@ RECORDER_KEY = "sk-recorder-credential-99e1"
 KEY_ENV = "UPSTREAM_TEST_KEY"
 CHAT, EMBED = "remote/smollm", "remote/minilm"
 DOWN, SLOW, RECORDER, WRONG_KEY = "remote/down", "remote/slow", "remote/recorder", "remote/wrong-key"
+NARROW = "remote/narrow"  # one request at a time to an upstream that hangs: the queue fills
 # SmolLM2's <|endoftext|> and <|im_end|> banned: the answer runs until max_tokens or a cancel.
 NO_EOS = {"0": -100, "2": -100}
 LONG = 1500
 
 
 class StandIn(BaseHTTPRequestHandler):
-    """/slow/v1/...: answers nothing until the test ends. /rec/v1/...: a one-word answer. Both
-    record the headers they were sent."""
+    """/slow/v1/... and /hang/v1/...: answer nothing until the test lets them. /rec/v1/...: a one-word
+    answer. All record the headers they were sent."""
 
     protocol_version = "HTTP/1.0"
     seen: ClassVar[list[dict[str, str]]] = []
     release = threading.Event()
+    unhang = threading.Event()
 
     def log_message(self, *args: object) -> None:
         pass
@@ -59,6 +61,9 @@ class StandIn(BaseHTTPRequestHandler):
         self.rfile.read(int(self.headers.get("content-length", 0)))
         if self.path.startswith("/slow/"):
             self.release.wait(60)
+            return
+        if self.path.startswith("/hang/"):
+            self.unhang.wait(60)
             return
         events = [{"choices": [{"index": 0, "delta": {"role": "assistant", "content": "ok"}, "finish_reason": None}]},
                   {"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]},
@@ -83,6 +88,7 @@ def stand_in() -> Iterator[str]:
         yield f"http://127.0.0.1:{srv.server_address[1]}"
     finally:
         StandIn.release.set()
+        StandIn.unhang.set()
         srv.shutdown()
 
 
@@ -110,11 +116,12 @@ def ours(tmp_path_factory: pytest.TempPathFactory, upstream: ServerProcess, stan
          "--upstream-capabilities", "embeddings")  # fmt: skip
     pull(data, DOWN, f"http://127.0.0.1:{free_port()}/v1", "--upstream-connect-timeout", "2")
     pull(data, SLOW, f"{stand_in}/slow/v1", "--upstream-timeout", "1")
+    pull(data, NARROW, f"{stand_in}/hang/v1", "--upstream-concurrency", "1", "--upstream-timeout", "60")
     (data / "recorder.key").write_text(RECORDER_KEY + "\n")
     pull(data, RECORDER, f"{stand_in}/rec/v1", "--upstream-key-file", str(data / "recorder.key"))
     (data / "wrong.key").write_text("sk-not-the-upstreams-key\n")
     pull(data, WRONG_KEY, up, "--upstream-model", SMOLLM, "--upstream-key-file", str(data / "wrong.key"))
-    srv = ServerProcess(data, "--api-key", OUR_KEY, "--nctx", "2048", env={KEY_ENV: UP_KEY})
+    srv = ServerProcess(data, "--api-key", OUR_KEY, "--nctx", "2048", "--max-queue", "2", env={KEY_ENV: UP_KEY})
     try:
         srv.wait_ready()
         yield srv
@@ -253,6 +260,26 @@ def test_slow_upstream_is_504(ours: ServerProcess) -> None:
     r = post(ours, "/v1/chat/completions", model=SLOW, messages=HI, max_tokens=2)
     assert r.status_code == 504, r.text
     assert "did not answer within 1s" in r.json()["error"]
+
+
+def test_full_queue_is_503(ours: ServerProcess) -> None:
+    """Our queue in front of an upstream works as for a local model: `max_concurrency` (1) sent,
+    `--max-queue` (2) waiting, then 503 with Retry-After."""
+    results: list[int] = []
+    threads = [threading.Thread(target=lambda: results.append(
+        post(ours, "/v1/chat/completions", model=NARROW, messages=HI, max_tokens=2).status_code)) for _ in range(3)]  # fmt: skip
+    try:
+        for t in threads:
+            t.start()
+        until(lambda: (w := [x for x in get(ours, "/v1/workers", OUR_KEY).json()["data"]
+                             if x["model"] == f"{NARROW}:default"]) and w[0]["inflight"] == 3, "three in flight")  # fmt: skip
+        r = post(ours, "/v1/chat/completions", model=NARROW, messages=HI, max_tokens=2)
+        assert r.status_code == 503 and "at capacity" in r.json()["error"] and r.headers["retry-after"]
+    finally:
+        StandIn.unhang.set()  # the stand-in closes without answering: the three end as 502s
+        for t in threads:
+            t.join(60)
+    assert results == [502, 502, 502]
 
 
 def test_upstream_400_is_passed_through(ours: ServerProcess) -> None:
