@@ -112,8 +112,11 @@ def ours(tmp_path_factory: pytest.TempPathFactory, upstream: ServerProcess, stan
     data = tmp_path_factory.mktemp("ours")
     up = f"{upstream.base_url}/v1"
     pull(data, CHAT, up, "--upstream-model", SMOLLM, "--upstream-key-env", KEY_ENV)
-    pull(data, EMBED, up, "--upstream-model", ONNX_MODEL, "--upstream-key-env", KEY_ENV,
-         "--upstream-capabilities", "embeddings")  # fmt: skip
+    # The same settings from a config file (GenieX as the upstream answers rerank at /v1/reranking).
+    config = data / "minilm.json"
+    config.write_text(json.dumps({"model": ONNX_MODEL, "capabilities": ["embeddings", "rerank"],
+                                  "rerank_path": "reranking", "api_key_env": KEY_ENV}))  # fmt: skip
+    pull(data, EMBED, up, "--upstream-config", str(config))
     pull(data, DOWN, f"http://127.0.0.1:{free_port()}/v1", "--upstream-connect-timeout", "2")
     pull(data, SLOW, f"{stand_in}/slow/v1", "--upstream-timeout", "1")
     pull(data, NARROW, f"{stand_in}/hang/v1", "--upstream-concurrency", "1", "--upstream-timeout", "60")
@@ -194,7 +197,7 @@ def test_completions_and_dialects(ours: ServerProcess, upstream: ServerProcess) 
     assert r.json()["usage"]["output_tokens"] == 6
 
 
-def test_embeddings(ours: ServerProcess, upstream: ServerProcess) -> None:
+def test_embeddings_and_rerank(ours: ServerProcess, upstream: ServerProcess) -> None:
     words = ["food", "bread", "galaxy"]
     direct = sdk(upstream, UP_KEY).embeddings.create(model=ONNX_MODEL, input=words)
     via = sdk(ours, OUR_KEY).embeddings.create(model=EMBED, input=words)
@@ -202,6 +205,11 @@ def test_embeddings(ours: ServerProcess, upstream: ServerProcess) -> None:
     assert a.shape == (3, 384)
     np.testing.assert_allclose(a, np.array([d.embedding for d in direct.data]), atol=1e-6)
     assert via.usage.prompt_tokens == direct.usage.prompt_tokens > 0
+    body = {"query": "something to eat", "documents": ["bread", "galaxy", "food"]}
+    direct_scores = post(upstream, "/v1/reranking", UP_KEY, model=ONNX_MODEL, **body).json()["result"]
+    r = post(ours, "/v1/reranking", model=EMBED, **body)
+    assert r.status_code == 200, r.text
+    np.testing.assert_allclose(r.json()["result"], direct_scores, atol=1e-6)
     # Capabilities come from the manifest: the embedding upstream does not chat.
     r = post(ours, "/v1/chat/completions", model=EMBED, messages=HI, max_tokens=2)
     assert r.status_code == 400 and "does not support chat" in r.json()["error"]

@@ -90,6 +90,16 @@ def test_store_entry_names_the_credential_never_holds_it(tmp_path: Path, monkeyp
         store.add_variant("acme", "big-model", "Q4_0", gguf, "local:x")
 
 
+def test_a_hand_broken_descriptor_serves_nothing(tmp_path: Path) -> None:
+    store = ModelStore(tmp_path, bundled=[])
+    entry = store.add_upstream("acme/m", spec())
+    Path(entry.path).write_text('{"base_url": "file:///etc/passwd", "model": "m"}')
+    assert capabilities_of("upstream", entry.path) == []
+    Path(entry.path).write_text("[" * 100_000)
+    assert capabilities_of("upstream", entry.path) == []
+    assert capabilities_of("upstream", str(tmp_path / "missing.upstream.json")) == []
+
+
 def test_error_kinds_map_to_gateway_statuses() -> None:
     assert isinstance(error_for(ErrorKind.UPSTREAM, "x"), BadGateway) and BadGateway.status == 502
     assert isinstance(error_for(ErrorKind.UPSTREAM_TIMEOUT, "x"), GatewayTimeout) and GatewayTimeout.status == 504
