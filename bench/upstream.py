@@ -101,7 +101,7 @@ def pull(ours_dir: Path, name: str, url: str, model: str) -> None:
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="geniex-upstream-bench-") as tmp:
-        up = Server(Path(tmp) / "upstream", "--nctx", str(args.nctx))
+        up = Server(Path(tmp) / "upstream", "--nctx", str(args.nctx), *args.upstream_arg)
         paced_port = free_port()
         paced = subprocess.Popen([sys.executable, str(REPO / "bench" / "paced_upstream.py"), "--port", str(paced_port),
                                   "--pace-ms", str(args.pace_ms)])  # fmt: skip
@@ -143,6 +143,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--nctx", type=int, default=4096)
     p.add_argument("--pace-ms", type=float, default=5.0,
                    help="the stand-in upstream's ms between chunks (0: skip that part)")  # fmt: skip
+    p.add_argument("--upstream-arg", action="append", default=[],
+                   help="passed to the upstream's `geniex serve` (repeatable; e.g. --upstream-arg=--threads)")  # fmt: skip
     p.add_argument("--json", type=Path, help="also write the results here")
     args = p.parse_args(argv)
     res = run(args)
