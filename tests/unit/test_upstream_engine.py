@@ -239,3 +239,37 @@ def test_embeddings_and_scores_answers() -> None:
                      2, "U") == ([0.9, 0.2], 0)  # fmt: skip
     assert scores_of({"result": [0.1, 0.3]}, 2, "U") == ([0.1, 0.3], 0)
     assert msgspec.json.decode(msgspec.json.encode(spec())) == msgspec.to_builtins(spec())
+
+
+# ---------------------------------------------------------------- the pool, with real worker processes
+
+
+async def test_an_upstream_worker_never_evicts_a_local_model(tmp_path: Path) -> None:
+    """With room for one model (--max-loaded 1), a local (fake) worker stays resident when an
+    upstream model's worker starts beside it; the upstream one gets compute "remote", no share of
+    the cores, and its probe's verdict (here: nothing listens there) reaches the handle."""
+    import zmq.asyncio
+
+    from gateway.ops.metrics import Metrics
+    from gateway.ops.settings import Settings
+    from gateway.supervisor.pool import WorkerPool
+    from tests.server_proc import free_port
+    from tests.unit.test_supervisor import fake_model, until, worker
+
+    store = ModelStore(tmp_path, bundled=[])
+    remote = store.add_upstream("acme/remote", spec(base_url=f"http://127.0.0.1:{free_port()}/v1", probe_interval=60))
+    pool = WorkerPool(Settings(data_dir=tmp_path, parallel=2, max_queue=2, keepalive=-1.0, max_loaded=1),
+                      zmq.asyncio.Context(), Metrics(process=False))  # fmt: skip
+    pool.start()
+    try:
+        local = await worker(pool, fake_model(tmp_path, "local"))
+        up = await worker(pool, remote)
+        assert local.alive and up.alive and len(pool.workers) == 2
+        assert (up.key.compute, up.engine, up.ready_info and up.ready_info.tool_format) == ("remote", "upstream",
+                                                                                          "hermes")  # fmt: skip
+        await until(lambda: up.upstream_health is not None)
+        assert up.upstream_health is not None and not up.upstream_health.healthy
+        assert up.upstream_health.detail.startswith("unreachable")
+    finally:
+        await pool.close()
+        pool.zctx.destroy(linger=0)
