@@ -273,3 +273,22 @@ async def test_an_upstream_worker_never_evicts_a_local_model(tmp_path: Path) -> 
     finally:
         await pool.close()
         pool.zctx.destroy(linger=0)
+
+
+async def test_event_lines_are_split_across_reads_and_bounded() -> None:
+    import httpx
+
+    from workers.engines.upstream import _lines
+
+    async def parts(chunks: list[bytes]):  # type: ignore[no-untyped-def]
+        for c in chunks:
+            yield c
+
+    async def read(chunks: list[bytes], limit: int) -> list[bytes]:
+        r = httpx.Response(200, content=parts(chunks))
+        return [line async for line in _lines(r, limit, "upstream X")]
+
+    assert await read([b"data: a\r\n\r\nda", b"ta: b\n", b"data: c"], 64) == [b"data: a", b"", b"data: b", b"data: c"]
+    # A hostile or broken upstream that never ends its line: refused, not buffered without bound.
+    with pytest.raises(UpstreamFailure, match="upstream X sent an event longer"):
+        await read([b"x" * 40, b"y" * 40], 64)

@@ -21,7 +21,7 @@ import os
 import queue
 import threading
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import httpx
@@ -62,6 +62,7 @@ log = structlog.get_logger("worker.upstream")
 STEP_WAIT_S = 0.005  # how long `step` waits for a reply: the worker then checks for Cancels and new requests
 MAX_ERROR_BODY = 64 << 10  # bytes of an upstream's error body read
 MAX_ANSWER_BYTES = 256 << 20  # an embeddings or rerank answer, at most
+MAX_EVENT_BYTES = 4 << 20  # one line of an upstream's event stream, at most
 _FINAL = (Done, Failed, Embeddings, Scores)
 
 
@@ -215,9 +216,9 @@ class UpstreamEngine:
             if r.status_code != 200:
                 raise refusal(r.status_code, await _read_some(r, MAX_ERROR_BODY, cut=True), self.where)
             self._put(Started(g.req_id, prompt_tokens=0))
-            async for line in r.aiter_lines():
-                if line.startswith("data:"):
-                    for msg in reader.feed(line[5:].encode()):
+            async for line in _lines(r, MAX_EVENT_BYTES, self.where):
+                if line.startswith(b"data:"):
+                    for msg in reader.feed(line[5:]):
                         self._put(msg)
                     if reader.ended:
                         break
@@ -320,6 +321,23 @@ class UpstreamEngine:
             pass
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(timeout=5)
+
+
+async def _lines(r: httpx.Response, limit: int, where: str = "the upstream") -> AsyncIterator[bytes]:
+    """The body's lines, each at most `limit` bytes: an upstream that never ends a line would
+    otherwise grow the worker's memory without bound."""
+    buf = b""
+    async for part in r.aiter_bytes():
+        buf += part
+        start = 0
+        while (end := buf.find(b"\n", start)) >= 0:
+            yield buf[start:end].rstrip(b"\r")
+            start = end + 1
+        buf = buf[start:]
+        if len(buf) > limit:
+            raise UpstreamFailure(ErrorKind.UPSTREAM, f"{where} sent an event longer than {limit >> 20} MiB")
+    if buf:
+        yield buf
 
 
 async def _read_some(r: httpx.Response, limit: int, *, cut: bool = False) -> bytes:
