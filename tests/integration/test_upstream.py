@@ -4,8 +4,9 @@ API key of its own) is the upstream, registered in our server's store with the r
 
 The failure cases: the upstream not started (a port nobody listens on), killed mid-answer (a
 second real upstream, SIGKILLed), refusing a request (a 400 of its own), and slow past the
-timeout. Only the slow case needs a stand-in: a small HTTP server in this process that never
-answers in time; it also records the headers it receives, to show which key reaches an upstream.
+timeout. Only slowness needs a stand-in: a small HTTP server in this process that stays silent
+(before answering, or after one word); it also records the headers it receives, to show which key
+reaches an upstream, and holds requests to fill our queue.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ RECORDER_KEY = "sk-recorder-credential-99e1"
 KEY_ENV = "UPSTREAM_TEST_KEY"
 CHAT, EMBED = "remote/smollm", "remote/minilm"
 DOWN, SLOW, RECORDER, WRONG_KEY = "remote/down", "remote/slow", "remote/recorder", "remote/wrong-key"
+STALL = "remote/stall"  # starts an answer, then goes silent
 NARROW = "remote/narrow"  # one request at a time to an upstream that hangs: the queue fills
 # SmolLM2's <|endoftext|> and <|im_end|> banned: the answer runs until max_tokens or a cancel.
 NO_EOS = {"0": -100, "2": -100}
@@ -64,6 +66,15 @@ class StandIn(BaseHTTPRequestHandler):
             return
         if self.path.startswith("/hang/"):
             self.unhang.wait(60)
+            return
+        if self.path.startswith("/stall/"):  # one word, then silence
+            first = {"choices": [{"index": 0, "delta": {"content": "ok"}, "finish_reason": None}]}
+            self.send_response(200)
+            self.send_header("content-type", "text/event-stream")
+            self.end_headers()
+            self.wfile.write(b"data: " + json.dumps(first).encode() + b"\n\n")
+            self.wfile.flush()
+            self.release.wait(60)
             return
         events = [{"choices": [{"index": 0, "delta": {"role": "assistant", "content": "ok"}, "finish_reason": None}]},
                   {"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]},
@@ -119,6 +130,7 @@ def ours(tmp_path_factory: pytest.TempPathFactory, upstream: ServerProcess, stan
     pull(data, EMBED, up, "--upstream-config", str(config))
     pull(data, DOWN, f"http://127.0.0.1:{free_port()}/v1", "--upstream-connect-timeout", "2")
     pull(data, SLOW, f"{stand_in}/slow/v1", "--upstream-timeout", "1")
+    pull(data, STALL, f"{stand_in}/stall/v1", "--upstream-timeout", "1")
     pull(data, NARROW, f"{stand_in}/hang/v1", "--upstream-concurrency", "1", "--upstream-timeout", "60")
     (data / "recorder.key").write_text(RECORDER_KEY + "\n")
     pull(data, RECORDER, f"{stand_in}/rec/v1", "--upstream-key-file", str(data / "recorder.key"))
@@ -268,6 +280,16 @@ def test_slow_upstream_is_504(ours: ServerProcess) -> None:
     r = post(ours, "/v1/chat/completions", model=SLOW, messages=HI, max_tokens=2)
     assert r.status_code == 504, r.text
     assert "did not answer within 1s" in r.json()["error"]
+
+
+def test_silence_mid_answer_ends_the_stream_with_an_error(ours: ServerProcess) -> None:
+    events = []
+    with httpx.stream("POST", f"{ours.base_url}/v1/chat/completions", timeout=60, headers={"Authorization": f"Bearer {OUR_KEY}"},
+                      json={"model": STALL, "messages": HI, "max_tokens": 5, "stream": True}) as r:  # fmt: skip
+        assert r.status_code == 200
+        events = [line[6:] for line in r.iter_lines() if line.startswith("data: ")]
+    assert '"content":"ok"' in "".join(events)
+    assert events[-1] == "[DONE]" and "did not answer within 1s" in json.loads(events[-2])["error"]
 
 
 def test_full_queue_is_503(ours: ServerProcess) -> None:
