@@ -292,3 +292,14 @@ async def test_event_lines_are_split_across_reads_and_bounded() -> None:
     # A hostile or broken upstream that never ends its line: refused, not buffered without bound.
     with pytest.raises(UpstreamFailure, match="upstream X sent an event longer"):
         await read([b"x" * 40, b"y" * 40], 64)
+
+
+def test_queued_deltas_of_one_request_go_as_one() -> None:
+    from protocol.wire import Started, TokenLogprob
+    from workers.engines.upstream import coalesce
+
+    lp = LogprobDelta(1, "c", 3, [TokenLogprob(b"c", -0.1)])
+    msgs = [Started(1, 0), Delta(1, "a", 1), Delta(1, "b", 2), Delta(2, "x", 1), Delta(1, "c", 3), lp,
+            Done(1, "stop", completion_tokens=4)]  # fmt: skip
+    assert coalesce(msgs) == [Started(1, 0), Delta(1, "ab", 2), Delta(2, "x", 1), Delta(1, "c", 3), lp,
+                              Done(1, "stop", completion_tokens=4)]  # fmt: skip

@@ -32,6 +32,7 @@ from protocol import upstream as spec_mod
 from protocol.upstream import UpstreamSpec, where
 from protocol.wire import (
     PROTOCOL_VERSION,
+    Delta,
     Done,
     Embed,
     Embeddings,
@@ -289,19 +290,21 @@ class UpstreamEngine:
 
     def step(self, emit: Emit) -> None:
         try:
-            msg = self._replies.get(timeout=STEP_WAIT_S if self._active else 0)
+            first = self._replies.get(timeout=STEP_WAIT_S if self._active else 0)
         except queue.Empty:
             return
+        msgs = [first]
         while True:
+            try:
+                msgs.append(self._replies.get_nowait())
+            except queue.Empty:
+                break
+        for msg in coalesce(msgs):
             rid = getattr(msg, "req_id", None)
             if rid is None or rid in self._active:  # a cancelled request's late replies are dropped
                 emit(msg)
                 if isinstance(msg, _FINAL):
                     self._active.discard(rid)
-            try:
-                msg = self._replies.get_nowait()
-            except queue.Empty:
-                return
 
     def set_threads(self, n: int) -> None:
         pass
@@ -321,6 +324,20 @@ class UpstreamEngine:
             pass
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(timeout=5)
+
+
+def coalesce(msgs: list[FromWorker]) -> list[FromWorker]:
+    """Runs of plain Deltas of one request, queued while the worker's thread was busy, as one Delta:
+    when the relay falls behind (many streams, a loaded machine) it sends fewer, larger messages,
+    and a relay that keeps up sends each piece as it comes."""
+    out: list[FromWorker] = []
+    for msg in msgs:
+        last = out[-1] if out else None
+        if type(msg) is Delta and type(last) is Delta and last.req_id == msg.req_id:
+            out[-1] = Delta(msg.req_id, last.text + msg.text, msg.n_tokens)
+        else:
+            out.append(msg)
+    return out
 
 
 async def _lines(r: httpx.Response, limit: int, where: str = "the upstream") -> AsyncIterator[bytes]:
