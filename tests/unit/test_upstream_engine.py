@@ -303,3 +303,40 @@ def test_queued_deltas_of_one_request_go_as_one() -> None:
             Done(1, "stop", completion_tokens=4)]  # fmt: skip
     assert coalesce(msgs) == [Started(1, 0), Delta(1, "ab", 2), Delta(2, "x", 1), Delta(1, "c", 3), lp,
                               Done(1, "stop", completion_tokens=4)]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("flags", "says"),
+    [
+        (["--upstream", "http://alice:pw@gpu-box/v1"], "plain text"),
+        (["--upstream", "http://gpu-box/v1", "--upstream-key-env", "sk-live-0123"], "NAME of an environment variable"),
+        (["--upstream", "http://gpu-box/v1", "--upstream-capabilities", "chat,images"], "capability 'images'"),
+        (["--upstream", "http://gpu-box/v1", "--upstream-timeout", "-1"], "read_timeout"),
+        (["--upstream", "http://gpu-box/v1", "--upstream-concurrency", "100000"], "max_concurrency"),
+        (["--upstream", "http://gpu-box/v1", "--local", "/etc/passwd"], "one or the other"),
+        (["--upstream-config", "/nonexistent/upstream.json"], "--upstream-config"),
+    ],
+)
+def test_pull_upstream_refuses_and_writes_nothing(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                   flags: list[str], says: str) -> None:  # fmt: skip
+    from gateway.cli import main
+
+    assert main(["pull", "acme/m", *flags, "--data-dir", str(tmp_path)]) == 1
+    err = capsys.readouterr().err
+    assert says in err and "pw" not in err
+    assert ModelStore(tmp_path, bundled=[]).entries() == []
+
+
+def test_pull_upstream_from_flags_and_config(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from gateway.cli import main
+
+    config = tmp_path / "up.json"
+    config.write_text(json.dumps({"base_url": "http://gpu-box:8000/v1", "model": "qwen3", "probe_interval": 5}))
+    assert main(["pull", "acme/qwen:fp8", "--upstream-config", str(config), "--upstream-key-env", "VLLM_API_KEY",
+                 "--upstream-capabilities", "chat,completions,embeddings", "--data-dir", str(tmp_path)]) == 0  # fmt: skip
+    assert capsys.readouterr().out.strip() == "acme/qwen:fp8"
+    (entry,) = ModelStore(tmp_path, bundled=[]).entries()
+    written = msgspec.json.decode(Path(entry.path).read_bytes())
+    assert written["base_url"] == "http://gpu-box:8000/v1" and written["model"] == "qwen3"
+    assert (written["probe_interval"], written["api_key_env"]) == (5.0, "VLLM_API_KEY")
+    assert written["capabilities"] == ["chat", "completion", "embeddings"]
