@@ -18,7 +18,7 @@ WHEELS := $(HOME)/.cache/geniex/wheels/$(BUILD_KEY)
 # several GB on Linux; elsewhere, get a CPU build first from https://download.pytorch.org/whl/cpu.
 TORCH := torch==2.13.0
 
-.PHONY: install install-all install-test audio-stt speech-voice diarize bytecode check cpu-features serve test bench clean
+.PHONY: install install-all install-test audio-stt speech-voice diarize browser bytecode check cpu-features serve test bench clean
 
 $(VENV)/.stamp-llama-$(BUILD_KEY):
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -48,6 +48,8 @@ $(VENV)/.stamp-test: $(VENV)/.stamp-install
 	# The Piper voice and espeak-ng: text to speech, and the diarization test's two voices.
 	$(MAKE) --no-print-directory speech-voice
 	@command -v espeak-ng >/dev/null || { echo "the tests need espeak-ng: apt-get install espeak-ng, as root" >&2; exit 1; }
+	# The web UI's browser tests (tests/browser) drive Debian's chromium through Playwright.
+	$(MAKE) --no-print-directory browser
 	touch $@
 
 install: $(VENV)/.stamp-install
@@ -72,6 +74,13 @@ speech-voice: $(VENV)/.stamp-install
 	@command -v espeak-ng >/dev/null || { [ "$$(id -u)" = 0 ] && \
 		{ apt-get install -y espeak-ng || { apt-get update && apt-get install -y espeak-ng; }; }; } || \
 		echo "WARNING: text to speech needs the espeak-ng program: run 'sudo apt-get install espeak-ng'" >&2
+
+# tests/browser: Debian's chromium (installed here when root can, else a warning; those tests then
+# skip saying what to run). Playwright drives it by its path; `playwright install` is never needed.
+browser:
+	@command -v chromium >/dev/null || { [ "$$(id -u)" = 0 ] && \
+		{ apt-get install -y chromium || { apt-get update && apt-get install -y chromium; }; }; } || \
+		echo "WARNING: the browser tests need chromium: run 'sudo apt-get install chromium'" >&2
 
 # Every audio and vision engine and its bundled models (the `all` extra): then `make serve` offers
 # speech, transcription, diarization, OCR and image generation as well as chat.

@@ -97,6 +97,8 @@ def _add_serve(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> argp
            "default: fetching for a client is a server-side request forgery risk)")  # fmt: skip
     a("--grammar-dir", dest="grammar_dirs", action="append", type=Path, default=[],
       help="a folder `grammar_path` may read GBNF files from (repeatable; none by default)")  # fmt: skip
+    a("--no-webui", dest="webui", action="store_false", default=True,
+      help="serve no web UI (/, /ops, /try, /docs) and no /openapi.json")  # fmt: skip
     p.set_defaults(func=_serve)
     return p
 
@@ -119,9 +121,13 @@ def _env_defaults(p: argparse.ArgumentParser) -> None:
         if raw is None or raw == "":
             continue
         cast: Callable[[str], Any] = action.type or str  # type: ignore[assignment]
+        value: Any
         try:
-            if isinstance(action, argparse._AppendAction):
-                value: Any = [cast(v) for v in raw.split(os.pathsep) if v]
+            if isinstance(action, argparse._StoreTrueAction | argparse._StoreFalseAction):
+                # A switch: GENIEX_NO_WEBUI=1 sets it, =0 leaves it off (a string default would be truthy).
+                value = action.const if raw.strip().lower() in ("1", "true", "yes", "on") else not action.const
+            elif isinstance(action, argparse._AppendAction):
+                value = [cast(v) for v in raw.split(os.pathsep) if v]
             else:
                 value = cast(raw)
         except (ValueError, argparse.ArgumentTypeError):
@@ -243,6 +249,7 @@ def _serve(args: argparse.Namespace) -> int:
         max_connections=args.max_connections,
         max_body_mb=args.max_body_mb,
         max_nctx=args.max_nctx,
+        webui=args.webui,
     )
     configure_logging(settings.log_level)
     log = structlog.get_logger("gateway")

@@ -31,7 +31,9 @@ def configure_logging(level: str | None = None, **bound: object) -> None:
     structlog.configure(
         processors=processors,
         wrapper_class=structlog.make_filtering_bound_logger(lvl),
-        logger_factory=structlog.PrintLoggerFactory(sys.stderr),
+        # One write() per line: the gateway and its workers share one stderr, and under
+        # PYTHONUNBUFFERED print()'s separate newline let another process's line land in between.
+        logger_factory=structlog.WriteLoggerFactory(sys.stderr),
         cache_logger_on_first_use=True,
     )
     logging.basicConfig(

@@ -19,6 +19,7 @@ from litestar.exceptions import HTTPException, ValidationException
 from litestar.middleware import DefineMiddleware
 from litestar.plugins import PluginProtocol
 from litestar.plugins.core import MsgspecDIPlugin
+from litestar.types import ControllerRouterHandler
 
 from gateway.api import (
     chat,
@@ -31,6 +32,7 @@ from gateway.api import (
     logits,
     messages,
     models,
+    openapi,
     ops,
     responses,
     speech,
@@ -53,6 +55,7 @@ from gateway.ops.metrics import Metrics
 from gateway.ops.settings import Settings
 from gateway.ops.systemd import Systemd
 from gateway.supervisor.pool import WorkerPool
+from gateway.web import routes as web
 
 log = structlog.get_logger("gateway")
 
@@ -202,6 +205,8 @@ def create_app(settings: Settings, lifecycle: Lifecycle | None = None, keys: Key
     # reflects them under "*"), as a literal "*" never covers Authorization in a browser.
     cors = CORSConfig(allow_origins=settings.origins, expose_headers=CORS_EXPOSED, max_age=600) if settings.origins \
         else None  # fmt: skip
+    # The web UI and the API's schema (`--no-webui`: neither).
+    webui: list[ControllerRouterHandler] = [*openapi.handlers, web.router()] if settings.webui else []
     return _Gateway(
         route_handlers=[
             *chat.handlers,
@@ -219,6 +224,7 @@ def create_app(settings: Settings, lifecycle: Lifecycle | None = None, keys: Key
             *tokens.handlers,
             *health.handlers,
             *ops.handlers,
+            *webui,
         ],
         dependencies={
             "services": Provide(provide_services, sync_to_thread=False),
@@ -228,7 +234,9 @@ def create_app(settings: Settings, lifecycle: Lifecycle | None = None, keys: Key
         middleware=[
             RequestIdMiddleware,
             DefineMiddleware(BrowserGuard, allowed_hosts=allowed_hosts(settings), origins=tuple(settings.origins)),
-            DefineMiddleware(ApiKeyAuth, keys=keys, limiter=limiter, metrics_open=not settings.metrics_key),
+            DefineMiddleware(
+                ApiKeyAuth, keys=keys, limiter=limiter, metrics_open=not settings.metrics_key, web_open=settings.webui
+            ),
             DefineMiddleware(DrainMiddleware, lifecycle=lifecycle),
         ],
         cors_config=cors,

@@ -21,6 +21,10 @@ from gateway.ops.limits import KeyLimiter, Refusal
 log = structlog.get_logger("gateway.auth")
 
 OPEN_PATHS = frozenset({"/health", "/ready"})
+# The web UI's pages, assets and the API schema hold no data (the pages ask the API, with the key
+# the person enters), so a browser can load them before it has a key.
+WEB_PATHS = frozenset({"/", "/ops", "/try", "/docs", "/openapi.json"})
+WEB_PREFIX = "/static/"
 CALLER = "caller"  # where the caller's label lives in the request's state
 
 
@@ -49,16 +53,19 @@ def tenant_of(request: Request) -> str:
 
 
 class ApiKeyAuth:
-    def __init__(self, app: ASGIApp, keys: KeyRing, limiter: KeyLimiter, metrics_open: bool = True) -> None:
+    def __init__(self, app: ASGIApp, keys: KeyRing, limiter: KeyLimiter, metrics_open: bool = True,
+                 web_open: bool = False) -> None:  # fmt: skip
         self.app = app
         self.keys = keys
         self.limiter = limiter
-        self.open_paths = OPEN_PATHS | ({"/metrics"} if metrics_open else set())
+        self.open_paths = OPEN_PATHS | ({"/metrics"} if metrics_open else set()) | (WEB_PATHS if web_open else set())
+        self.open_prefix = WEB_PREFIX if web_open else None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         http = cast("HTTPScope", scope)
         if scope["type"] != "http" or not self.keys.enabled or scope["path"] in self.open_paths \
-                or http["method"] == "OPTIONS":  # fmt: skip
+                or http["method"] == "OPTIONS" \
+                or (self.open_prefix is not None and scope["path"].startswith(self.open_prefix)):  # fmt: skip
             await self.app(scope, receive, send)
             return
         key = self.keys.check(presented_key(dict(http["headers"])))

@@ -4,7 +4,8 @@
   with a body must say `application/json`, else 415 (the OpenAI SDKs and curl with `-H` do).
   The routes whose spec takes `multipart/form-data` (FORM_PATHS) take it too; a page can post
   such a form without a preflight as well, but a browser always names the page in `Origin`, so
-  a form whose Origin is not one of `--origins` is refused (403). The SDKs and curl send none.
+  a form whose Origin is not one of `--origins` (nor this server itself: its web UI) is refused
+  (403). The SDKs and curl send none.
 - DNS rebinding lets a page on an attacker's domain reach 127.0.0.1 under its own host name, and
   then read the answers: the `Host` header must be one this server answers to (loopback names and
   the address it is bound to, plus `--allowed-host`), else 403.
@@ -32,6 +33,12 @@ def host_name(header: str) -> str:
     return header.rpartition(":")[0].lower() if header.count(":") == 1 else header.lower()
 
 
+def same_origin(origin: str, host: str) -> bool:
+    """The page that posts is this server's own (its web UI): the Host header was checked above,
+    so a rebinding page (whose Host is its own name) never gets here."""
+    return bool(host) and origin.lower() in (f"http://{host}".lower(), f"https://{host}".lower())
+
+
 class BrowserGuard:
     def __init__(self, app: ASGIApp, allowed_hosts: frozenset[str] | None, origins: tuple[str, ...] = ()) -> None:
         """`allowed_hosts` None: any Host header (the operator said `--allowed-host '*'`);
@@ -54,7 +61,8 @@ class BrowserGuard:
             ctype = headers.get(b"content-type", b"").split(b";")[0].strip().lower()
             if ctype == FORM_TYPE and scope["path"] in FORM_PATHS:
                 origin = headers.get(b"origin")
-                if origin is not None and "*" not in self.origins and origin.decode("latin-1") not in self.origins:
+                if origin is not None and "*" not in self.origins and origin.decode("latin-1") not in self.origins \
+                        and not (self.allowed_hosts is not None and same_origin(origin.decode("latin-1"), host)):  # fmt: skip
                     await send_error(send, scope["path"], 403, f"a form posted from the web page {origin.decode('latin-1')[:100]!r} "
                                      "is refused (a page may post a form to any address); its operator can allow the "
                                      "origin with --origins")  # fmt: skip

@@ -62,6 +62,7 @@ class Settings(msgspec.Struct, kw_only=True):
     max_body_mb: int = 32  # a larger request body is a 413 (images and audio travel inside it)
     fetch_hosts: list[str] = []  # hosts whose http(s) URLs a request may name for images and audio; none by default
     max_nctx: int = 0  # the largest per-request `nctx`; 0: the context each model was trained for
+    webui: bool = True  # the web UI at /, /ops, /try, /docs and /openapi.json
 
 
 def split_host(value: str) -> tuple[str, int]:

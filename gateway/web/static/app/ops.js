@@ -1,0 +1,141 @@
+// The operations page: /v1/workers every second, throughput and queue charts over the last
+// five minutes, the models with load and unload, and the usage ledger per day and model.
+"use strict";
+
+(() => {
+  const $ = (id) => document.getElementById(id);
+  const { el } = G;
+  const WINDOW_S = 300;
+  const series = { t: [], tps: [], inflight: [], queued: [] };
+  let previous = null; // {at, tokens: Map pid -> tokens_generated}
+  let charts = null;
+
+  function td(text, cls) { return el("td", cls ? { class: cls } : {}, text); }
+
+  function chart(target, label, lines) {
+    const width = Math.max(280, target.clientWidth || 300);
+    const opts = {
+      width, height: 150,
+      legend: { show: true },
+      // The last five minutes, however few points there are yet.
+      scales: { x: { time: true, range: () => { const now = Date.now() / 1000; return [now - WINDOW_S, now]; } }, y: { range: (u, min, max) => [0, Math.max(1, max * 1.1)] } },
+      axes: [{ stroke: "#888", grid: { stroke: "rgba(128,128,128,.15)" } },
+             { stroke: "#888", grid: { stroke: "rgba(128,128,128,.15)" }, size: 40 }],
+      series: [{}, ...lines.map(([name, color]) => ({ label: name, stroke: color, width: 1.5, points: { show: false } }))],
+    };
+    return new uPlot(opts, [[], ...lines.map(() => [])], target);
+  }
+
+  function setupCharts() {
+    if (typeof uPlot === "undefined") return;
+    charts = {
+      tps: chart($("chart-tps"), "tokens/s", [["tokens/s", "#3b5bdb"]]),
+      queue: chart($("chart-queue"), "requests", [["in flight", "#2b8a3e"], ["queued", "#e8590c"]]),
+    };
+    window.addEventListener("resize", () => {
+      for (const [id, c] of [["chart-tps", charts.tps], ["chart-queue", charts.queue]]) {
+        c.setSize({ width: Math.max(280, $(id).clientWidth), height: 150 });
+      }
+    });
+  }
+
+  // Tokens per second over the last RATE_S seconds. /v1/workers counts a request's tokens when it
+  // ends, so a per-second difference would be all spikes; a few seconds' window smooths them.
+  const RATE_S = 5;
+  let generated = 0; // tokens generated since the page opened, summed over the workers seen
+  const totals = []; // [time, generated]
+
+  function record(rows) {
+    const now = Date.now() / 1000;
+    const tokens = new Map(rows.map((w) => [w.pid, w.tokens_generated || 0]));
+    if (previous) {
+      for (const [pid, n] of tokens) {
+        const before = previous.tokens.get(pid);
+        if (before !== undefined && n >= before) generated += n - before;
+      }
+    }
+    previous = { at: now, tokens };
+    totals.push([now, generated]);
+    while (totals.length > 1 && totals[0][0] < now - RATE_S) totals.shift();
+    const span = now - totals[0][0];
+    const rate = span > 0 ? (generated - totals[0][1]) / span : 0;
+    series.t.push(now);
+    series.tps.push(rate);
+    series.inflight.push(rows.reduce((s, w) => s + Math.min(w.inflight || 0, w.parallel || 0), 0));
+    series.queued.push(rows.reduce((s, w) => s + (w.queue_depth || 0), 0));
+    while (series.t.length && series.t[0] < now - WINDOW_S) for (const k in series) series[k].shift();
+    if (charts) {
+      charts.tps.setData([series.t, series.tps]);
+      charts.queue.setData([series.t, series.inflight, series.queued]);
+    }
+  }
+
+  async function unload(w, button) {
+    button.disabled = true;
+    try {
+      await G.call("/v1/models/unload", { json: { model: w.model, nctx: w.nctx, compute: w.compute } });
+      G.banner("");
+    } catch (e) {
+      G.banner(e.status === 409 ? `${w.model} is serving a request; unload it when it is idle.` : e.message);
+    }
+    refresh();
+  }
+
+  async function load(m, button) {
+    button.disabled = true;
+    button.textContent = "loading…";
+    try {
+      await G.call("/v1/models/load", { json: { model: m.id } });
+      G.banner("");
+    } catch (e) { G.banner(e.message); }
+    refreshModels();
+  }
+
+  async function refresh() {
+    let table;
+    try { table = await G.json("/v1/workers"); } catch (e) { G.banner(e.message); return; }
+    const rows = table.data || [];
+    $("workers").tBodies[0].replaceChildren(...rows.map((w) => el("tr", { "data-pid": w.pid },
+      td(w.model), td(w.engine || ""), td(w.compute), td(w.nctx, "num"),
+      el("td", { class: "state-" + w.state }, w.state), td(w.queue_depth, "num"), td(w.inflight, "num"),
+      td(G.bytes(w.rss_bytes), "num"), td(w.tokens_generated, "num"), td(w.requests_served, "num"), td(w.pid ?? "", "num pid"),
+      el("td", {}, el("button", { type: "button", class: "small", onclick: (ev) => unload(w, ev.target) }, "unload")))));
+    $("no-workers").hidden = rows.length > 0;
+    $("updated").textContent = "· updated " + new Date().toLocaleTimeString();
+    record(rows);
+  }
+
+  async function refreshModels() {
+    let models;
+    try { models = await G.models(); } catch (e) { G.banner(e.message); return; }
+    $("models").tBodies[0].replaceChildren(...models.map((m) => el("tr", {},
+      td(m.id), td(m.engine || ""), td((m.capabilities || []).join(", ")), td(G.bytes(m.size), "num"),
+      td(m.context_length ?? "", "num"), td((m.loaded || []).map((r) => `${r.compute} ${r.nctx} ${r.state}`).join("; ")),
+      el("td", {}, el("button", { type: "button", class: "small", onclick: (ev) => load(m, ev.target) }, "load")))));
+  }
+
+  async function refreshUsage() {
+    let rows;
+    try { rows = (await G.json("/v1/usage")).data || []; } catch (e) { G.banner(e.message); return; }
+    // The ledger keeps a row per day, model, key and user; this page sums the keys and users.
+    const sums = new Map();
+    for (const r of rows) {
+      const k = r.day + "\u0000" + r.model;
+      const s = sums.get(k) || { day: r.day, model: r.model, requests: 0, prompt_tokens: 0, completion_tokens: 0, total_tokens: 0 };
+      for (const f of ["requests", "prompt_tokens", "completion_tokens", "total_tokens"]) s[f] += r[f] || 0;
+      sums.set(k, s);
+    }
+    const sorted = [...sums.values()].sort((a, b) => (b.day + a.model).localeCompare(a.day + b.model));
+    $("usage").tBodies[0].replaceChildren(...sorted.map((s) => el("tr", {},
+      td(s.day), td(s.model), td(s.requests, "num"), td(s.prompt_tokens, "num"), td(s.completion_tokens, "num"), td(s.total_tokens, "num"))));
+  }
+
+  document.addEventListener("DOMContentLoaded", () => {
+    setupCharts();
+    const all = () => { refresh(); refreshModels(); refreshUsage(); };
+    all();
+    setInterval(refresh, 1000);
+    setInterval(() => { refreshModels(); refreshUsage(); }, 10000);
+    document.addEventListener("geniex:key", all);
+  });
+})();
