@@ -69,6 +69,18 @@ class EngineFailure(GenieXError):
     status = 500
 
 
+class BadGateway(GenieXError):
+    """The remote server an upstream model lives on failed, refused us, or cannot be reached."""
+
+    status = 502
+
+
+class GatewayTimeout(GenieXError):
+    """The remote server an upstream model lives on did not answer in time."""
+
+    status = 504
+
+
 class ClientGone(GenieXError):
     """The client disconnected before its answer was ready; nobody reads the status, the log does."""
 
@@ -80,6 +92,8 @@ _FOR_KIND: dict[ErrorKind, type[GenieXError]] = {
     ErrorKind.UNSUPPORTED: Unsupported,
     ErrorKind.OVERLOADED: WorkerUnavailable,
     ErrorKind.ENGINE: EngineFailure,
+    ErrorKind.UPSTREAM: BadGateway,
+    ErrorKind.UPSTREAM_TIMEOUT: GatewayTimeout,
 }
 
 

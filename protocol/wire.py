@@ -16,7 +16,7 @@ from typing import Any, Literal
 
 import msgspec
 
-PROTOCOL_VERSION = 7
+PROTOCOL_VERSION = 8
 
 # The speculation types a worker implements; the gateway refuses every other before sending.
 SpecType = Literal["ngram-simple", "ngram-map-k", "draft-simple"]
@@ -31,6 +31,8 @@ class ErrorKind(enum.IntEnum):
     UNSUPPORTED = 2  # this model does not do this kind of request
     OVERLOADED = 3  # try again later
     ENGINE = 4  # the engine failed
+    UPSTREAM = 5  # a remote server the model lives on failed or cannot be reached (502)
+    UPSTREAM_TIMEOUT = 6  # that server did not answer in time (504)
 
 
 class Sampling(msgspec.Struct, array_like=True, omit_defaults=True, frozen=True):
@@ -526,6 +528,17 @@ class Images(msgspec.Struct, tag="images", array_like=True):
     seconds: float
 
 
+class UpstreamHealth(msgspec.Struct, tag="upstream_health", array_like=True):
+    """What the `upstream` engine's last probe of its remote server found (sent after each probe):
+    `checked` is the probe's Unix time, `detail` why it is unhealthy ("" when healthy)."""
+
+    url: str
+    healthy: bool
+    detail: str
+    latency_ms: float
+    checked: float
+
+
 FromWorker = (
     Ready
     | Started
@@ -545,6 +558,7 @@ FromWorker = (
     | TextRegions
     | Diarization
     | Audio
+    | UpstreamHealth
 )
 
 

@@ -10,6 +10,17 @@ from litestar.di import NamedDependency
 
 from gateway.api.lifecycle import Lifecycle
 from gateway.api.services import Services
+from protocol.wire import UpstreamHealth
+
+
+class UpstreamInfo(msgspec.Struct):
+    """An upstream worker's last probe of the server its model lives on."""
+
+    url: str
+    healthy: bool
+    detail: str
+    latency_ms: float
+    checked_s_ago: float
 
 
 class WorkerInfo(msgspec.Struct):
@@ -34,6 +45,7 @@ class WorkerInfo(msgspec.Struct):
     cache_evictions: int = 0
     runs_on: str | None = None  # the unit the worker really runs on (`compute` is the one asked for)
     fallback: str | None = None  # why it runs on the CPU instead of the unit asked for
+    upstream: UpstreamInfo | None = None  # only for a model served elsewhere (engine "upstream")
 
 
 class WorkerTable(msgspec.Struct):
@@ -90,9 +102,17 @@ async def workers(services: NamedDependency[Services]) -> WorkerTable:
                 cache_evictions=h.cache_evictions,
                 runs_on=h.ready_info.compute if h.ready_info else None,
                 fallback=(h.ready_info.fallback or None) if h.ready_info else None,
+                upstream=_upstream(h.upstream_health),
             )
         )
     return WorkerTable(object="list", data=rows)
+
+
+def _upstream(probe: UpstreamHealth | None) -> UpstreamInfo | None:
+    if probe is None:
+        return None
+    return UpstreamInfo(url=probe.url, healthy=probe.healthy, detail=probe.detail, latency_ms=probe.latency_ms,
+                        checked_s_ago=round(max(0.0, time.time() - probe.checked), 1))  # fmt: skip
 
 
 handlers = [health, ready, v1_root, workers]

@@ -23,7 +23,7 @@ def _resident(pool: WorkerPool, h: WorkerHandle) -> Resident:
 
 def _model(e: ModelEntry, pool: WorkerPool) -> Model:
     return Model(id=e.id, created=e.created, owned_by=e.org, object="model",
-                 capabilities=entry_capabilities(worker_engine(e), e.mmproj), context_length=trained_context(e.path),
+                 capabilities=entry_capabilities(worker_engine(e), e.path, e.mmproj), context_length=trained_context(e.path),
                  quantization=e.precision, engine=e.engine, size=e.size,
                  loaded=[_resident(pool, h) for h in pool.residents_of(e.id)])  # fmt: skip
 

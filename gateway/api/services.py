@@ -54,8 +54,9 @@ class Services:
         if not name and default is None:
             raise BadRequest("`model` is required")
         entry = self.store.resolve(name or default or "")
-        if capability not in capabilities_of(worker_engine(entry)):
-            able = serving({e.id: worker_engine(e) for e in self.store.entries()}, capability)
+        if capability not in capabilities_of(worker_engine(entry), entry.path):
+            entries = self.store.entries()
+            able = serving({e.id: worker_engine(e) for e in entries}, capability, {e.id: e.path for e in entries})
             hint = f"models that do: {', '.join(able)}" if able else "no installed model does"
             raise Unsupported(f"`model`: {entry.id} ({entry.engine}) does not support {capability}; {hint}")
         return entry

@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import functools
+import os
+
+from protocol import upstream
+
 CAPABILITIES: dict[str, list[str]] = {
     "llama_cpp": ["chat", "completion", "tools", "logits"],
     "llama_embed": ["embeddings", "rerank"],
@@ -14,16 +19,36 @@ CAPABILITIES: dict[str, list[str]] = {
 }
 
 
-def capabilities_of(engine: str) -> list[str]:
+UPSTREAM_ENGINE = "upstream"
+
+
+def capabilities_of(engine: str, path: str = "") -> list[str]:
+    """What a model of `engine` can do; an upstream model (its descriptor at `path`) says itself."""
+    if engine == UPSTREAM_ENGINE:
+        try:
+            return list(_upstream_capabilities(path, os.path.getmtime(path)))
+        except OSError:
+            return []
     return CAPABILITIES.get(engine, [])
 
 
-def serving(engines_of: dict[str, str], capability: str) -> list[str]:
-    """The model ids (of `engines_of`: id -> engine) that have `capability`, sorted."""
-    return sorted(m for m, e in engines_of.items() if capability in capabilities_of(e))
+@functools.lru_cache(maxsize=256)
+def _upstream_capabilities(path: str, mtime: float) -> tuple[str, ...]:
+    """Read once per version of the descriptor (a request checks it before its worker starts)."""
+    try:
+        with open(path, "rb") as f:
+            return tuple(upstream.decode(f.read(1 << 20)).capabilities)
+    except (OSError, upstream.UpstreamError):
+        return ()
 
 
-def entry_capabilities(engine: str, mmproj: str) -> list[str]:
+def serving(engines_of: dict[str, str], capability: str, paths: dict[str, str] | None = None) -> list[str]:
+    """The model ids (of `engines_of`: id -> engine; `paths`: id -> model path) that have `capability`, sorted."""
+    paths = paths or {}
+    return sorted(m for m, e in engines_of.items() if capability in capabilities_of(e, paths.get(m, "")))
+
+
+def entry_capabilities(engine: str, path: str, mmproj: str) -> list[str]:
     """An installed model's capabilities: its engine's, and `vision` for a chat model with a projector."""
-    caps = capabilities_of(engine)
+    caps = capabilities_of(engine, path)
     return [*caps, "vision"] if mmproj and "chat" in caps else caps

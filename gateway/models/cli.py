@@ -9,12 +9,14 @@ import argparse
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import msgspec
 
-from gateway.errors import GenieXError
+from gateway.errors import BadRequest, GenieXError
 from gateway.models.store import ModelEntry, ModelStore
 from gateway.ops.settings import add_data_dir, default_data_dir
+from protocol.upstream import UpstreamError, UpstreamSpec, validate
 
 Command = Callable[[argparse.Namespace], int]
 
@@ -38,6 +40,24 @@ def add_model_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser])
         metavar="PATH",
         help="with --local MODEL.gguf: the model's multimodal projector GGUF, imported with it (a vision model)",
     )
+    up = p.add_argument_group("a model served elsewhere (an OpenAI-compatible server: vLLM, Ray Serve LLM, ...)")
+    up.add_argument("--upstream", metavar="URL", help="register NAME as served by this /v1 root, e.g. "
+                    "http://gpu-box:8000/v1 (nothing is downloaded)")  # fmt: skip
+    up.add_argument("--upstream-model", metavar="NAME", help="the model's name on the upstream (default: NAME)")
+    up.add_argument("--upstream-key-env", metavar="VAR",
+                    help="the environment variable (of the server) holding the upstream's API key")  # fmt: skip
+    up.add_argument("--upstream-key-file", metavar="PATH", type=Path, help="a file holding the upstream's API key")
+    up.add_argument("--upstream-capabilities", metavar="LIST",
+                    help="comma-separated: chat, completions, embeddings, rerank (default: chat,completions)")  # fmt: skip
+    up.add_argument("--upstream-timeout", metavar="S", type=float,
+                    help="seconds the upstream may stay silent before a 504 (default 120)")  # fmt: skip
+    up.add_argument("--upstream-connect-timeout", metavar="S", type=float, help="seconds to connect (default 5)")
+    up.add_argument("--upstream-concurrency", metavar="N", type=int,
+                    help="requests sent to the upstream at once (default 32)")  # fmt: skip
+    up.add_argument("--upstream-config", metavar="FILE", type=Path,
+                    help="a JSON file with the same settings (base_url, model, api_key_env | api_key_file, "
+                         "capabilities, connect_timeout, read_timeout, max_concurrency, probe_interval, "
+                         "rerank_path, context_length); flags override it")  # fmt: skip
     add_data_dir(p)
     p.set_defaults(func=_guarded(_pull))
 
@@ -71,11 +91,45 @@ def _guarded(command: Command) -> Command:
     return run
 
 
+def upstream_spec(args: argparse.Namespace) -> UpstreamSpec:
+    """The descriptor `pull --upstream` registers: the config file's settings, then the flags'."""
+    fields: dict[str, Any] = {}
+    if args.upstream_config is not None:
+        try:
+            loaded = msgspec.json.decode(args.upstream_config.read_bytes())
+        except (OSError, msgspec.DecodeError) as exc:
+            raise BadRequest(f"--upstream-config {args.upstream_config}: {exc}") from None
+        if not isinstance(loaded, dict):
+            raise BadRequest(f"--upstream-config {args.upstream_config}: expected a JSON object")
+        fields.update(loaded)
+    flags = {"base_url": args.upstream, "model": args.upstream_model, "api_key_env": args.upstream_key_env,
+             "api_key_file": str(args.upstream_key_file.expanduser().absolute()) if args.upstream_key_file else None,
+             "connect_timeout": args.upstream_connect_timeout, "read_timeout": args.upstream_timeout,
+             "max_concurrency": args.upstream_concurrency,
+             "capabilities": args.upstream_capabilities.split(",") if args.upstream_capabilities else None}  # fmt: skip
+    fields.update({k: v for k, v in flags.items() if v is not None})
+    fields.setdefault("model", args.name.split(":")[0])
+    if "base_url" not in fields:
+        raise BadRequest("--upstream URL (or base_url in --upstream-config) is required")
+    try:
+        return validate(msgspec.convert(fields, UpstreamSpec))
+    except msgspec.ValidationError as exc:
+        raise BadRequest(f"upstream settings: {exc}") from None
+    except UpstreamError as exc:
+        raise BadRequest(str(exc)) from None
+
+
 def _pull(args: argparse.Namespace) -> int:
     store = _store(args)
     if getattr(args, "mmproj", None) is not None and args.local is None:
         print("error: --mmproj goes with --local (a pull fetches the repo's projector itself)", file=sys.stderr)
         return 2
+    if args.upstream is not None or args.upstream_config is not None:
+        if args.local is not None:
+            raise BadRequest("--local and --upstream: one or the other")
+        entry = store.add_upstream(args.name, upstream_spec(args))
+        print(entry.id)
+        return 0
     if args.local is not None:
         entry = store.import_local(args.local, args.name, mmproj=getattr(args, "mmproj", None))
     else:

@@ -36,6 +36,9 @@ import structlog
 from gateway.errors import BadRequest, GenieXError, ModelNotFound
 from gateway.models.ctranslate2 import MODEL_FILE as CT2_MODEL_FILE
 from gateway.models.ctranslate2 import WHISPER_OPTIONAL, WHISPER_REQUIRED, whisper_precision
+from protocol.upstream import UpstreamError, UpstreamSpec
+from protocol.upstream import encode as encode_upstream
+from protocol.upstream import validate as validate_upstream
 
 log = structlog.get_logger("gateway.store")
 
@@ -48,6 +51,9 @@ ONNX_ENGINE = "onnx"
 WHISPER_ENGINE = "whisper"
 WHISPER_MODEL_ID = "openai/whisper-tiny.en:ct2-fp16"  # what /v1/audio/transcriptions uses without `model`
 DIFFUSERS_ENGINE = "diffusers"
+# A model served elsewhere: its variant's file is a JSON descriptor (protocol/upstream.py).
+UPSTREAM_ENGINE = "upstream"
+UPSTREAM_SUFFIX = ".upstream.json"
 # A model folder's name in its repo folder, per engine: <repo>.<precision><suffix>.
 FOLDER_SUFFIX = {ONNX_ENGINE: "-onnx", WHISPER_ENGINE: "-ct2", DIFFUSERS_ENGINE: "-diffusers"}
 # A diffusers pipeline folder is one with this file; what is copied of each component's folder:
@@ -524,6 +530,41 @@ class ModelStore:
             if old is not None and old.mmproj and old.mmproj != proj:
                 _delete(repo_dir, old.mmproj)
             return self._entry(repo_dir, manifest, precision)
+
+    def add_upstream(self, name: str, spec: UpstreamSpec) -> ModelEntry:
+        """Register `name` (`org/repo[:tag]`, tag "default" when absent) as a model served by the
+        upstream `spec` describes: its descriptor is the variant's file. The descriptor names where
+        the credential is, never the credential."""
+        org, repo, tag = parse_name(name, BadRequest)
+        tag = tag or "default"
+        try:
+            spec = validate_upstream(spec)
+        except UpstreamError as exc:
+            raise BadRequest(str(exc)) from None
+        staging = self.staging_dir()
+        try:
+            tmp = staging / "descriptor.json"
+            tmp.write_bytes(encode_upstream(spec))
+            _fsync_file(tmp)
+            with self._locked():
+                repo_dir = self.models_dir / org / repo
+                repo_dir.mkdir(parents=True, exist_ok=True)
+                manifest_path = repo_dir / "manifest.json"
+                manifest = self._read_manifest(manifest_path) or Manifest(org=org, repo=repo, engine=UPSTREAM_ENGINE)
+                self._check_engine(manifest, UPSTREAM_ENGINE)
+                manifest.engine = UPSTREAM_ENGINE
+                old_key = self._find_key(manifest, tag)
+                old = manifest.variants.pop(old_key) if old_key is not None else None
+                dest = repo_dir / f"{repo}.{tag}{UPSTREAM_SUFFIX}"
+                self._move(tmp, dest)
+                manifest.variants[tag] = Variant(file=dest.name, size=dest.stat().st_size, created=int(time.time()),
+                                                 source=f"upstream:{spec.base_url}#{spec.model}")  # fmt: skip
+                self._write_manifest(manifest_path, manifest)
+                if old is not None and old.file != dest.name:
+                    _delete(repo_dir, old.file)
+                return self._entry(repo_dir, manifest, tag)
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
 
     def remove(self, name: str) -> list[ModelEntry]:
         """Remove `org/repo:precision`, or every variant of `org/repo`. Returns what was removed."""

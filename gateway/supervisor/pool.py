@@ -195,7 +195,7 @@ class WorkerPool:
             cache_dir=str(s.data_dir / "npu") if engine == "llama_npu" else "",
             mmproj=entry.mmproj if engine in ("llama_cpp", "llama_npu") else "",  # llama_npu: for its CPU fallback
         )
-        handle = await self._admit(spec, need)
+        handle = self._admit_remote(spec, need) if engine == "upstream" else await self._admit(spec, need)
         self.metrics.worker_started(key.model)
         t0 = time.perf_counter()
         try:
@@ -229,7 +229,7 @@ class WorkerPool:
                 npu=k.compute in ("npu", "hybrid"),  # both hold the NPU
             )
             for k, h in self.workers.items()
-            if h.alive
+            if h.alive and h.spec.engine != "upstream"  # see _admit_remote
         ]
 
     def _available_bytes(self) -> int:
@@ -237,6 +237,14 @@ class WorkerPool:
         workers still loading have yet to allocate (their whole estimate, to be safe)."""
         loading = sum(self._estimates.get(k, 0) for k, h in self.workers.items() if h.state is State.STARTING)
         return psutil.virtual_memory().available - self.settings.memory_reserve_mb * (1 << 20) - loading
+
+    def _admit_remote(self, spec: WorkerSpec, need: int) -> WorkerHandle:
+        """A worker relaying a model served elsewhere holds no weights: it is registered without an
+        eviction plan, so it never stops a local model, nor counts against --max-loaded."""
+        handle = WorkerHandle(spec, self.zctx, self.runtime_dir, self.events)
+        self.workers[spec.key] = handle
+        self._estimates[spec.key] = need
+        return handle
 
     async def _admit(self, spec: WorkerSpec, need: int) -> WorkerHandle:
         """Evict what must go so that `spec`'s worker fits, then register its handle (not yet

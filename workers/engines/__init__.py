@@ -140,6 +140,9 @@ ENGINES: dict[str, str] = {
     "piper": "workers.engines.piper:load",
     # A diffusers folder (model_index.json): text to image on torch (the `images` extra).
     "diffusers": "workers.engines.diffusion:load",
+    # A model served by another OpenAI-compatible server (vLLM, Ray Serve LLM, ...): its "model file"
+    # is the JSON descriptor `geniex pull --upstream` writes (protocol/upstream.py).
+    "upstream": "workers.engines.upstream:load",
     # Behaves as its JSON "model file" says (delays, crashes, hangs): tests of the supervision.
     "fake": "workers.engines.fake:load",
 }
