@@ -21,10 +21,11 @@ from gateway.api.chat import KEEP_CACHE_HEADER, header_true
 from gateway.api.disconnect import unless_disconnected
 from gateway.api.request_id import current_request_id
 from gateway.api.services import Services
-from gateway.chat.anthropic import chat_request, message_of
+from gateway.chat.anthropic import chat_request, image_fields, message_of
 from gateway.chat.convert import plan_chat, prompt_chars
 from gateway.chat.shape import ChoiceShaper
 from gateway.errors import EngineFailure
+from gateway.media.images import chat_images
 from protocol import anthropic as a
 from protocol.wire import CountTokens, TokenCount
 
@@ -35,8 +36,12 @@ async def create_message(request: Request, body: bytes,
     data = read_json(body, a.MessagesRequest)
     req = chat_request(data)
     entry = services.model_for(data.model, "chat")
+    images = await chat_images(req.messages, model_id=entry.id, vision=bool(entry.mmproj), limits=services.media,
+                               media_dirs=services.settings.media_dirs, max_length=None,
+                               fields=image_fields(data))  # fmt: skip
     plan = plan_chat(req, current_request_id() or "", services.store, services.settings.grammar_dirs,
-                     keep_cache=header_true(request, KEEP_CACHE_HEADER), tenant=tenant_of(request))  # fmt: skip
+                     keep_cache=header_true(request, KEEP_CACHE_HEADER), tenant=tenant_of(request),
+                     images=images)  # fmt: skip
     accounting = services.accounting(entry.id, caller_of(request), req.user)
     completion = relay.Completion(entry.id, accounting, id_prefix="msg")
     worker = await completion.guard(services.worker(entry, prompt_chars=prompt_chars(req.messages)))

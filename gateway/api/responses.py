@@ -26,10 +26,11 @@ from gateway.api.services import Services
 from gateway.chat import response_store
 from gateway.chat.convert import plan_chat, prompt_chars
 from gateway.chat.response_store import ResponseStore, Stored
-from gateway.chat.responses import answer_message, chat_request, skeleton
+from gateway.chat.responses import answer_message, chat_request, image_fields, skeleton
 from gateway.chat.responses_events import OutputStream
 from gateway.chat.shape import ChoiceShaper
 from gateway.errors import NotFound
+from gateway.media.images import chat_images
 from protocol import chat
 from protocol import responses as r
 from protocol.wire import Delta, Done, Started
@@ -80,8 +81,12 @@ async def create_response(request: Request, body: bytes,
     req, conversation = chat_request(data, history)
     entry = services.model_for(data.model, "chat")
     # Everything about the request is checked before a model is loaded for it.
+    images = await chat_images(req.messages, model_id=entry.id, vision=bool(entry.mmproj), limits=services.media,
+                               media_dirs=services.settings.media_dirs, max_length=None,
+                               fields=image_fields(data))  # fmt: skip
     plan = plan_chat(req, current_request_id() or "", services.store, services.settings.grammar_dirs,
-                     keep_cache=header_true(request, KEEP_CACHE_HEADER), tenant=tenant_of(request))  # fmt: skip
+                     keep_cache=header_true(request, KEEP_CACHE_HEADER), tenant=tenant_of(request),
+                     images=images)  # fmt: skip
     accounting = services.accounting(entry.id, caller_of(request), req.user)
     completion = relay.Completion(entry.id, accounting, id_prefix="resp")
     worker = await completion.guard(services.worker(entry, nctx=data.nctx, compute=data.compute,

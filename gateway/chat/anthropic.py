@@ -18,7 +18,8 @@ from protocol import chat
 
 # ---- request -> chat request ---------------------------------------------------
 
-_NO_VISION = "this server's chat models read text only (no vision), so {kind} blocks cannot be read"
+_NO_DOCUMENTS = "document blocks cannot be read here (send the text, or images of the pages)"
+_ONLY_USER_IMAGES = "{kind} blocks are read in a user turn's content only"
 
 
 def _text_of(blocks: list[a.TextBlock]) -> str:
@@ -43,7 +44,9 @@ def _tool_result(where: str, b: a.ToolResultBlock) -> chat.ChatMessage:
         texts: list[a.TextBlock] = []
         for j, part in enumerate(content):
             if not isinstance(part, a.TextBlock):
-                raise BadRequest(f"`{where}.content[{j}]`: " + _NO_VISION.format(kind=part.__struct_config__.tag))
+                raise BadRequest(
+                    f"`{where}.content[{j}]`: " + _ONLY_USER_IMAGES.format(kind=part.__struct_config__.tag)
+                )
             texts.append(part)
         text = _text_of(texts)
     if b.is_error:  # the chat templates have no error flag; the model reads it in the text
@@ -51,29 +54,65 @@ def _tool_result(where: str, b: a.ToolResultBlock) -> chat.ChatMessage:
     return chat.ChatMessage(role="tool", content=text, tool_call_id=b.tool_use_id)
 
 
+def _image_part(where: str, b: a.ImageBlock) -> chat.ContentPart:
+    """An image block as the chat's `image_url` part: the gateway reads it as for chat completions."""
+    kind = b.source.get("type")
+    if kind == "base64":
+        media_type, data = b.source.get("media_type"), b.source.get("data")
+        if not isinstance(media_type, str) or not isinstance(data, str) or not data:
+            raise BadRequest(f"`{where}.source`: a base64 image needs `media_type` and `data` strings")
+        url = f"data:{media_type};base64,{data}"
+    elif kind == "url":
+        given = b.source.get("url")
+        if not isinstance(given, str) or not given:
+            raise BadRequest(f"`{where}.source.url`: a url image needs its URL as a string")
+        url = given
+    else:
+        raise BadRequest(f"`{where}.source.type`: an image source is `base64` or `url` here")
+    return chat.ContentPart(type="image_url", image_url=chat.ImageURL(url=url))
+
+
 def _user_turn(i: int, blocks: list[a.InputBlock]) -> list[chat.ChatMessage]:
-    """A user turn's tool results become tool messages and its text a user message, in their order."""
+    """A user turn's tool results become tool messages and its text and images a user message, in their order."""
     out: list[chat.ChatMessage] = []
     texts: list[a.TextBlock] = []
+    parts: list[chat.ContentPart] = []  # with an image: the text and images in their order
 
     def flush() -> None:
-        if texts:
+        if parts:
+            if texts:
+                parts.append(chat.ContentPart(type="text", text=_text_of(texts)))
+            out.append(chat.ChatMessage(role="user", content=list(parts)))
+        elif texts:
             out.append(chat.ChatMessage(role="user", content=_text_of(texts)))
-            texts.clear()
+        texts.clear()
+        parts.clear()
 
     for j, b in enumerate(blocks):
         where = f"messages[{i}].content[{j}]"
         if isinstance(b, a.TextBlock):
             texts.append(b)
+        elif isinstance(b, a.ImageBlock):
+            if texts:
+                parts.append(chat.ContentPart(type="text", text=_text_of(texts)))
+                texts.clear()
+            parts.append(_image_part(where, b))
         elif isinstance(b, a.ToolResultBlock):
             flush()
             out.append(_tool_result(where, b))
-        elif isinstance(b, a.ImageBlock | a.DocumentBlock):
-            raise BadRequest(f"`{where}`: " + _NO_VISION.format(kind=b.__struct_config__.tag))
+        elif isinstance(b, a.DocumentBlock):
+            raise BadRequest(f"`{where}`: " + _NO_DOCUMENTS)
         else:
             raise BadRequest(f"`{where}`: a {b.__struct_config__.tag} block belongs to an assistant turn")
     flush()
     return out
+
+
+def image_fields(req: a.MessagesInput) -> list[str]:
+    """Where each image of the request is, in the order of the chat messages' image parts (the
+    names its errors give)."""
+    return [f"messages[{i}].content[{j}]" for i, m in enumerate(req.messages) if m.role == "user"
+            and isinstance(m.content, list) for j, b in enumerate(m.content) if isinstance(b, a.ImageBlock)]  # fmt: skip
 
 
 def _assistant_turn(i: int, blocks: list[a.InputBlock]) -> chat.ChatMessage:
@@ -92,7 +131,7 @@ def _assistant_turn(i: int, blocks: list[a.InputBlock]) -> chat.ChatMessage:
         elif isinstance(b, a.ToolUseBlock):
             calls.append(chat.ToolCall(id=b.id, function=chat.FunctionCall(name=b.name, arguments=json.dumps(b.input))))
         elif isinstance(b, a.ImageBlock | a.DocumentBlock):
-            raise BadRequest(f"`{where}`: " + _NO_VISION.format(kind=b.__struct_config__.tag))
+            raise BadRequest(f"`{where}`: " + _ONLY_USER_IMAGES.format(kind=b.__struct_config__.tag))
         else:
             raise BadRequest(f"`{where}`: a {b.__struct_config__.tag} block belongs to a user turn")
     return chat.ChatMessage(role="assistant", content=_text_of(texts), tool_calls=calls or None,

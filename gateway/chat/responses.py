@@ -18,7 +18,7 @@ from gateway.errors import BadRequest
 from protocol import chat
 from protocol import responses as r
 
-_NO_VISION = "this server's chat models read text only (no vision), so {kind} parts cannot be read"
+_NOT_READ = "{kind} parts are not read here (images are read as `input_image` parts of a user message)"
 
 
 def new_id(prefix: str) -> str:
@@ -61,8 +61,35 @@ def _text_of(where: str, content: str | list[r.ContentPart]) -> str:
             texts.append(part.refusal)
         else:
             kind = part.__struct_config__.tag
-            raise BadRequest(f"`{where}[{j}]`: " + _NO_VISION.format(kind=kind))
+            raise BadRequest(f"`{where}[{j}]`: " + _NOT_READ.format(kind=kind))
     return "\n".join(texts)
+
+
+def _user_content(where: str, content: str | list[r.ContentPart]) -> str | list[chat.ContentPart]:
+    """A user message's text, or with `input_image` parts its text and images in their order (as
+    chat's `image_url` parts, read by the gateway as for chat completions)."""
+    if isinstance(content, str) or not any(isinstance(p, r.InputImage) for p in content):
+        return _text_of(where, content)
+    out: list[chat.ContentPart] = []
+    for j, part in enumerate(content):
+        if isinstance(part, r.InputImage):
+            if not part.image_url:
+                raise BadRequest(f"`{where}[{j}].image_url`: an image is sent by URL here (a data: URL); "
+                                 "this server keeps no files")  # fmt: skip
+            detail = part.detail if part.detail in ("low", "high", "auto") else None
+            out.append(chat.ContentPart(type="image_url", image_url=chat.ImageURL(url=part.image_url, detail=detail)))  # type: ignore[arg-type]
+        else:
+            out.append(chat.ContentPart(type="text", text=_text_of(where, [part])))
+    return out
+
+
+def image_fields(req: r.ResponsesRequest) -> list[str]:
+    """Where each image of the request's own input is (the names its errors give)."""
+    if isinstance(req.input, str):
+        return []
+    return [f"input[{i}].content[{j}]" for i, item in enumerate(req.input) if isinstance(item, dict)
+            and item.get("role") == "user" and isinstance(item.get("content"), list)
+            for j, part in enumerate(item["content"]) if isinstance(part, dict) and part.get("type") == "input_image"]  # fmt: skip
 
 
 _ORDER = {"reasoning": 0, "text": 1, "call": 2}  # within one assistant turn
@@ -96,13 +123,13 @@ class _Turns:
     def add(self, i: int, item: r.InputItem) -> None:
         where = f"input[{i}]"
         if isinstance(item, r.MessageItem):
-            text = _text_of(f"{where}.content", item.content)
             if item.role == "assistant":
                 self.assistant("text")
-                self.text.append(text)
+                self.text.append(_text_of(f"{where}.content", item.content))
             else:
                 self.flush()
-                self.out.append(chat.ChatMessage(role=item.role, content=text))
+                content = (_user_content if item.role == "user" else _text_of)(f"{where}.content", item.content)
+                self.out.append(chat.ChatMessage(role=item.role, content=content))
         elif isinstance(item, r.ReasoningItem):
             self.assistant("reasoning")
             parts = item.content if item.content else item.summary

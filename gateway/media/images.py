@@ -103,9 +103,17 @@ def decode(data: bytes, field: str, max_length: int) -> ImageInput:
 
 
 async def chat_images(messages: list[ChatMessage], *, model_id: str, vision: bool, limits: MediaLimits,
-                      media_dirs: list[Path], max_length: int | None) -> list[ImageInput]:  # fmt: skip
-    """The request's images, in the order of their parts; [] for a request without any."""
+                      media_dirs: list[Path], max_length: int | None,
+                      fields: list[str] | None = None) -> list[ImageInput]:  # fmt: skip
+    """The request's images, in the order of their parts; [] for a request without any. A dialect
+    translated into chat messages names its own last images in `fields` (errors then say where
+    they are in the request the client sent)."""
     parts = image_parts(messages)
+    if fields:
+        own = parts[len(parts) - len(fields) :]
+        parts = parts[: len(parts) - len(own)] + [
+            (f, url) for f, (_, url) in zip(fields[-len(own) :], own, strict=True)
+        ]
     if not parts:
         return []
     if not vision:

@@ -129,6 +129,35 @@ def test_a_follow_up_turn_reuses_the_image(client: openai.OpenAI) -> None:
     assert r.usage.prompt_tokens_details.cached_tokens >= n_first - 1
 
 
+def test_the_agent_dialects_read_images_too(server: ServerProcess, client: openai.OpenAI) -> None:
+    """Anthropic's image blocks and the Responses API's input_image parts go through the same reading
+    and the same slot engine; a bad one is a 400 naming the block where the client put it."""
+    import anthropic
+
+    claude = anthropic.Anthropic(base_url=server.base_url, api_key="unused", max_retries=0, timeout=120)
+    png = base64.b64encode(solid_png(RED)).decode()
+    m = claude.messages.create(model=VISION, max_tokens=12, extra_body={"temperature": 0}, messages=[{"role": "user", "content": [
+        {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": png}},
+        {"type": "text", "text": QUESTION}]}])  # fmt: skip
+    said = "".join(b.text for b in m.content if b.type == "text").lower()
+    assert "red" in said and "green" not in said, said
+    assert m.usage.input_tokens == answer(client, ask(data_url(solid_png(RED))))[1]
+    r = client.responses.create(model=VISION, max_output_tokens=12, temperature=0, input=[{"role": "user", "content": [
+        {"type": "input_image", "image_url": data_url(solid_png(GREEN)), "detail": "auto"},
+        {"type": "input_text", "text": QUESTION}]}])  # fmt: skip
+    assert "green" in r.output_text.lower() and "red" not in r.output_text.lower(), r.output_text
+    with pytest.raises(anthropic.BadRequestError) as bad:
+        claude.messages.create(model=VISION, max_tokens=4, messages=[{"role": "user", "content": [
+            {"type": "text", "text": QUESTION},
+            {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "bm90IGFuIGltYWdl"}}]}])  # fmt: skip
+    assert "messages[0].content[1]" in str(bad.value), bad.value
+    with pytest.raises(openai.BadRequestError) as refused:  # an image to the text-only model
+        client.responses.create(model=TEXT_MODEL, max_output_tokens=4, input=[{"role": "user", "content": [
+            {"type": "input_image", "image_url": data_url(solid_png(RED)), "detail": "auto"}]}])  # fmt: skip
+    said = refused.value.response.text
+    assert "input[0].content[0]" in said and "vision" in said, said
+
+
 def test_a_local_image_inside_the_media_dir(client: openai.OpenAI, media: tuple[Path, Path]) -> None:
     text, _ = answer(client, ask(f"file://{media[0] / 'red.png'}"))
     assert "red" in text

@@ -11,7 +11,15 @@ import msgspec
 import pytest
 
 from gateway.api.error_body import anthropic_error, error_body, speaks_anthropic
-from gateway.chat.anthropic import BlockStream, blocks_of, chat_request, message_of, stop_reason, tool_input
+from gateway.chat.anthropic import (
+    BlockStream,
+    blocks_of,
+    chat_request,
+    image_fields,
+    message_of,
+    stop_reason,
+    tool_input,
+)
 from gateway.chat.convert import Shape
 from gateway.chat.shape import ChoiceShaper
 from gateway.errors import BadRequest
@@ -99,7 +107,11 @@ def test_tool_choice_maps_to_the_chat_choice(choice: dict[str, Any], expected: o
         ({"messages": [{"role": "user", "content": []}]}, "`messages[0].content`"),
         ({"tools": [WEATHER], "tool_choice": {"type": "any"},
           "output_config": {"format": {"type": "json_schema", "schema": {"type": "object"}}}}, "`output_config.format`"),
-        ({"messages": [{"role": "user", "content": [{"type": "image", "source": {"type": "url", "url": "x"}}]}]},
+        ({"messages": [{"role": "user", "content": [{"type": "image", "source": {"type": "file", "file_id": "x"}}]}]},
+         "`messages[0].content[0].source.type`"),
+        ({"messages": [{"role": "user", "content": [{"type": "image", "source": {"type": "base64", "data": "x"}}]}]},
+         "`messages[0].content[0].source`"),
+        ({"messages": [{"role": "assistant", "content": [{"type": "image", "source": {"type": "url", "url": "x"}}]}]},
          "`messages[0].content[0]`"),
         ({"messages": [{"role": "user", "content": [{"type": "tool_use", "id": "t", "name": "f", "input": {}}]}]},
          "`messages[0].content[0]`"),
@@ -263,3 +275,27 @@ def test_the_chat_endpoints_bounds_hold_here_too() -> None:
         request(stop_sequences=["x" * 1025])
     with pytest.raises(msgspec.ValidationError, match="tools"):
         request(tools=[WEATHER] * 129)
+
+
+def test_image_blocks_become_image_url_parts_in_their_order() -> None:
+    """A user turn's text and images keep their order as chat content parts; errors about an image
+    name the Anthropic block (image_fields), and a tool result after them starts its own message."""
+    png = {"type": "base64", "media_type": "image/png", "data": "iVBORw0KGgo="}
+    req = request(messages=[
+        {"role": "user", "content": "hi"},
+        {"role": "assistant", "content": "hello"},
+        {"role": "user", "content": [{"type": "text", "text": "compare"}, {"type": "image", "source": png},
+                                     {"type": "text", "text": "and"}, {"type": "text", "text": "this"},
+                                     {"type": "image", "source": {"type": "url", "url": "https://example.org/a.jpg"}}]},
+    ])  # fmt: skip
+    messages = chat_request(req).messages
+    content = messages[-1].content
+    assert isinstance(content, list)
+    assert [(p.type, p.text, p.image_url.url if p.image_url else None) for p in content] == [
+        ("text", "compare", None),
+        ("image_url", None, "data:image/png;base64,iVBORw0KGgo="),
+        ("text", "and\nthis", None),
+        ("image_url", None, "https://example.org/a.jpg"),
+    ]
+    assert image_fields(req) == ["messages[2].content[1]", "messages[2].content[4]"]
+    assert chat_request(request()).messages[0].content == "hi", "text-only turns stay plain strings"

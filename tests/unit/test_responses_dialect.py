@@ -12,7 +12,7 @@ import pytest
 from openai.types.responses import Response, ResponseStreamEvent
 
 from gateway.chat.response_store import ResponseStore
-from gateway.chat.responses import answer_message, chat_messages, chat_request, input_items, skeleton
+from gateway.chat.responses import answer_message, chat_messages, chat_request, image_fields, input_items, skeleton
 from gateway.chat.responses_events import OutputStream
 from gateway.errors import BadRequest
 from protocol import chat
@@ -66,7 +66,11 @@ def test_items_become_chat_turns_with_the_assistants_pieces_in_one_message() -> 
 @pytest.mark.parametrize(
     ("items", "named"),
     [
-        ([{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}], "`input[0].content[0]`"),
+        (
+            [{"role": "user", "content": [{"type": "input_image", "file_id": "file_1"}]}],
+            "`input[0].content[0].image_url`",
+        ),
+        ([{"role": "assistant", "content": [{"type": "input_image", "image_url": "x"}]}], "`input[0].content[0]`"),
         ([{"role": "user", "content": [{"type": "input_file", "file_id": "f"}]}], "`input[0].content[0]`"),
         ([{"role": "user", "content": "x"}, {"type": "item_reference", "id": "m"}], "`input[1].type`"),
         ([{"type": "function_call_output", "output": "1"}], "`call_id`"),
@@ -220,3 +224,15 @@ def test_the_store_is_per_owner_and_bounded_by_count_age_and_size() -> None:
     assert len(store) == 2 and store.chars <= 10_000, "the characters held are bounded too"
     store.put("alice", _response(7), [chat.ChatMessage(role="user", content="z" * 20_000)])
     assert store.get("alice", "resp_7") is None and len(store) == 2, "one larger than the store is not kept"
+
+
+def test_input_image_parts_become_image_url_parts_in_their_order() -> None:
+    items = [{"role": "user", "content": [{"type": "input_text", "text": "what colour?"},
+                                          {"type": "input_image", "image_url": "data:image/png;base64,AAAA", "detail": "low"}]}]  # fmt: skip
+    (message,) = chat_messages(input_items(items))
+    assert isinstance(message.content, list)
+    assert [(p.type, p.text) for p in message.content] == [("text", "what colour?"), ("image_url", None)]
+    image = message.content[1].image_url
+    assert image is not None and image.url == "data:image/png;base64,AAAA" and image.detail == "low"
+    req = msgspec.convert({"model": "m", "input": [{"role": "user", "content": "hi"}, *items]}, r.ResponsesRequest)
+    assert image_fields(req) == ["input[1].content[1]"]
