@@ -243,6 +243,11 @@ def test_two_models_run_in_parallel_in_their_own_workers(start, tmp_path: Path) 
     async def both() -> None:
         await asyncio.gather(run(MODEL), run(other))
 
+    # Both workers loaded first: a worker that loads slowly on a busy box would otherwise start its
+    # stream after the other's 60 tokens were done (seen in a full run), which says nothing of parallelism.
+    warm = client_for(srv)
+    for model in (MODEL, other):
+        warm.chat.completions.create(model=model, messages=LONG, max_tokens=1)
     asyncio.run(both())
     a, b = marks[MODEL], marks[other]
     assert a[0] < b[-1] and b[0] < a[-1], "the two streams overlap in time"
