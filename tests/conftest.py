@@ -6,7 +6,7 @@ from pathlib import Path
 import openai
 import pytest
 
-from tests.server_proc import ServerProcess
+from tests.server_proc import ServerProcess, serving
 
 MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct:Q4_1"
 
@@ -46,13 +46,9 @@ def grammar_dirs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
 def server(tmp_path_factory: pytest.TempPathFactory, grammar_dirs: tuple[Path, Path]) -> Iterator[ServerProcess]:
     """One real server for the read-mostly tests; tests that kill or reconfigure start their own."""
     # --qnn-simulator: `compute: npu` (OCR) runs on QNN's HTP simulator, as on a Snapdragon's NPU.
-    srv = ServerProcess(tmp_path_factory.mktemp("data"), "--nctx", "2048", "--grammar-dir", str(grammar_dirs[0]),
-                        "--qnn-simulator")  # fmt: skip
-    try:
-        srv.wait_ready()
+    with serving(tmp_path_factory.mktemp("data"), "--nctx", "2048", "--grammar-dir", str(grammar_dirs[0]),
+                 "--qnn-simulator") as srv:  # fmt: skip
         yield srv
-    finally:
-        srv.stop()
 
 
 @pytest.fixture(scope="session")

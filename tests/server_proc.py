@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -9,6 +10,7 @@ import ssl
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -71,3 +73,14 @@ class ServerProcess:
                 self.proc.wait()
         self._log.close()
         return self.proc.returncode
+
+
+@contextlib.contextmanager
+def serving(data_dir: Path, *args: str, env: dict[str, str] | None = None) -> Iterator[ServerProcess]:
+    """A server started and ready for the block (a module fixture's body); stopped after it."""
+    srv = ServerProcess(data_dir, *args, env=env)
+    try:
+        srv.wait_ready()
+        yield srv
+    finally:
+        srv.stop()

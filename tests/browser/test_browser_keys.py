@@ -11,7 +11,7 @@ import pytest
 
 from tests.browser.conftest import Browsing, browse
 from tests.conftest import MODEL
-from tests.server_proc import ServerProcess
+from tests.server_proc import ServerProcess, serving
 
 expect = pytest.importorskip("playwright.sync_api", reason="pip install -e '.[test]' brings playwright").expect
 
@@ -20,12 +20,8 @@ KEY = "webui-test-key-0123456789"
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    srv = ServerProcess(tmp_path_factory.mktemp("webui-keys"), "--api-key", KEY)
-    try:
-        srv.wait_ready()
+    with serving(tmp_path_factory.mktemp("webui-keys"), "--api-key", KEY) as srv:
         yield srv
-    finally:
-        srv.stop()
 
 
 @pytest.fixture(scope="module")

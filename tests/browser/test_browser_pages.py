@@ -20,7 +20,7 @@ import pytest
 from tests.browser.conftest import Browsing, browse
 from tests.conftest import MODEL, WEATHER_PARAMETERS
 from tests.embedding_models import ONNX_MODEL, geniex, onnx_dir
-from tests.server_proc import ServerProcess
+from tests.server_proc import ServerProcess, serving
 from tests.speech import beckett_path
 
 expect = pytest.importorskip("playwright.sync_api", reason="pip install -e '.[test]' brings playwright").expect
@@ -34,12 +34,8 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     base = tmp_path_factory.mktemp("webui-data")
     # An embedding model too (MiniLM as ONNX int8, from a PyPI package), for the try-it panels.
     assert geniex("pull", "--local", str(onnx_dir(base / "minilm")), ONNX_MODEL, "--data-dir", str(base)) == ONNX_MODEL
-    srv = ServerProcess(base, "--nctx", "2048")
-    try:
-        srv.wait_ready()
+    with serving(base, "--nctx", "2048") as srv:
         yield srv
-    finally:
-        srv.stop()
 
 
 @pytest.fixture(scope="module")

@@ -27,7 +27,7 @@ from tests.conftest import MODEL
 from tests.fuzz.cases import bound_body
 from tests.fuzz.checks import error_body
 from tests.fuzz.spec import load_spec
-from tests.server_proc import ServerProcess
+from tests.server_proc import ServerProcess, serving
 
 if os.environ.get("GENIEX_FUZZ") == "0":
     pytest.skip("GENIEX_FUZZ=0", allow_module_level=True)
@@ -69,12 +69,8 @@ STARTED = time.monotonic()
 @pytest.fixture(scope="module")
 def fuzz_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     """A server of its own: the fuzzer leaves prompt caches, workers and counts behind."""
-    srv = ServerProcess(tmp_path_factory.mktemp("fuzz"), "--nctx", str(NCTX))
-    try:
-        srv.wait_ready()
+    with serving(tmp_path_factory.mktemp("fuzz"), "--nctx", str(NCTX)) as srv:
         yield srv
-    finally:
-        srv.stop()
 
 
 def is_warmup(case: schemathesis.Case) -> bool:

@@ -24,7 +24,7 @@ from tests.embedding_models import (
     data_dir_with_models,
     st_dir,
 )
-from tests.server_proc import ServerProcess
+from tests.server_proc import ServerProcess, serving
 
 WORDS = ["food", "bread", "galaxy"]
 # QNN's HTP backend computes in fp16 (simulated here); measured against the CPU EP on MiniLM:
@@ -36,12 +36,8 @@ NPU_MIN_COS = 0.9998
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     data = data_dir_with_models(tmp_path_factory.getbasetemp() / "embedding-models")
-    srv = ServerProcess(data, "--keepalive", "120", "--qnn-simulator")  # npu: QNN's HTP simulator on x86_64
-    try:
-        srv.wait_ready()
+    with serving(data, "--keepalive", "120", "--qnn-simulator") as srv:  # npu: QNN's HTP simulator on x86_64
         yield srv
-    finally:
-        srv.stop()
 
 
 @pytest.fixture(scope="module")

@@ -19,7 +19,7 @@ import pytest
 
 from tests.conftest import MODEL
 from tests.npu_models import converted
-from tests.server_proc import ServerProcess
+from tests.server_proc import ServerProcess, serving
 
 pytestmark = [
     pytest.mark.slow,
@@ -38,12 +38,8 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     target.mkdir(parents=True)
     for f in folder.iterdir():
         os.link(f, target / f.name)  # the 650 MB graph, without a copy
-    srv = ServerProcess(data, "--qnn-simulator", "--nctx", "128", "--load-timeout", "600", "--keepalive", "600")
-    try:
-        srv.wait_ready()
+    with serving(data, "--qnn-simulator", "--nctx", "128", "--load-timeout", "600", "--keepalive", "600") as srv:
         yield srv
-    finally:
-        srv.stop()
 
 
 @pytest.fixture(scope="module")

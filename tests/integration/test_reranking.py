@@ -21,7 +21,7 @@ from tests.embedding_models import (
     st_dir,
     synthetic_cross_encoder,
 )
-from tests.server_proc import ServerProcess
+from tests.server_proc import ServerProcess, serving
 
 QUERY = "What is machine learning?"
 DOCS = [  # the spec's example
@@ -39,12 +39,8 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     data = data_dir_with_models(tmp_path_factory.getbasetemp() / "embedding-models")
     cross = synthetic_cross_encoder(tmp_path_factory.mktemp("cross-encoder"))
     assert geniex("pull", "--local", str(cross), CROSS, "--data-dir", str(data)) == CROSS
-    srv = ServerProcess(data, "--keepalive", "120")
-    try:
-        srv.wait_ready()
+    with serving(data, "--keepalive", "120") as srv:
         yield srv
-    finally:
-        srv.stop()
 
 
 def rerank(server: ServerProcess, **body: object) -> httpx.Response:

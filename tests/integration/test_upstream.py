@@ -27,7 +27,7 @@ import pytest
 from tests.conftest import MODEL as SMOLLM
 from tests.conftest import WEATHER_PARAMETERS
 from tests.embedding_models import ONNX_MODEL, data_dir_with_models, geniex
-from tests.server_proc import ServerProcess, free_port
+from tests.server_proc import ServerProcess, free_port, serving
 
 UP_KEY = "sk-upstream-credential-7f3a9c51"  # the upstream's key: only our server holds it
 OUR_KEY = "sk-geniex-client-key-0b1d2e44"  # our client's key: it must never reach an upstream
@@ -106,12 +106,8 @@ def stand_in() -> Iterator[str]:
 @pytest.fixture(scope="module")
 def upstream(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     data = data_dir_with_models(tmp_path_factory.getbasetemp() / "embedding-models")
-    srv = ServerProcess(data, "--api-key", UP_KEY, "--nctx", "2048", "--keepalive", "600")
-    try:
-        srv.wait_ready()
+    with serving(data, "--api-key", UP_KEY, "--nctx", "2048", "--keepalive", "600") as srv:
         yield srv
-    finally:
-        srv.stop()
 
 
 def pull(data: Path, name: str, url: str, *flags: str) -> None:
@@ -136,12 +132,8 @@ def ours(tmp_path_factory: pytest.TempPathFactory, upstream: ServerProcess, stan
     pull(data, RECORDER, f"{stand_in}/rec/v1", "--upstream-key-file", str(data / "recorder.key"))
     (data / "wrong.key").write_text("sk-not-the-upstreams-key\n")
     pull(data, WRONG_KEY, up, "--upstream-model", SMOLLM, "--upstream-key-file", str(data / "wrong.key"))
-    srv = ServerProcess(data, "--api-key", OUR_KEY, "--nctx", "2048", "--max-queue", "2", env={KEY_ENV: UP_KEY})
-    try:
-        srv.wait_ready()
+    with serving(data, "--api-key", OUR_KEY, "--nctx", "2048", "--max-queue", "2", env={KEY_ENV: UP_KEY}) as srv:
         yield srv
-    finally:
-        srv.stop()
 
 
 def sdk(srv: ServerProcess, key: str) -> openai.OpenAI:

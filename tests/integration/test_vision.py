@@ -22,7 +22,7 @@ import pytest
 
 from tests.conftest import MODEL as TEXT_MODEL
 from tests.embedding_models import geniex, package_dir
-from tests.server_proc import ServerProcess
+from tests.server_proc import ServerProcess, serving
 from tests.vision_projector import IMAGE_TOKENS, build, solid_png
 
 VISION = "test/smol-vision:Q4_1"
@@ -64,13 +64,9 @@ def server(tmp_path_factory: pytest.TempPathFactory, media: tuple[Path, Path]) -
     data = base / "data"
     assert geniex("pull", "--local", str(model), "--mmproj", str(proj), VISION, "--data-dir", str(data)) == VISION
     # Every token its own Delta (--stream-interval 0), so token orderings across streams are exact.
-    srv = ServerProcess(data, "--nctx", "1024", "--parallel", "4", "--stream-interval", "0",
-                        "--media-dir", str(media[0]))  # fmt: skip
-    try:
-        srv.wait_ready()
+    with serving(data, "--nctx", "1024", "--parallel", "4", "--stream-interval", "0",
+                 "--media-dir", str(media[0])) as srv:  # fmt: skip
         yield srv
-    finally:
-        srv.stop()
 
 
 @pytest.fixture(scope="module")
