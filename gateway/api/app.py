@@ -164,7 +164,7 @@ def create_app(settings: Settings, lifecycle: Lifecycle | None = None, keys: Key
             log.info("removed downloads that a stopped pull left behind", paths=[str(p) for p in swept])
         ledger = Ledger(settings.data_dir)
         app.state.services = Services(settings, store, pool, ledger, metrics, lifecycle, limiter, ResponseStore())
-        metrics.watch(pool, limiter)
+        metrics.watch(pool, limiter, ledger)
         pool.start()
         _reload_keys_on_sighup(keys)
         systemd = Systemd()  # a no-op outside systemd

@@ -246,3 +246,15 @@ async def test_merged_streams_cancel_every_generation_when_closed_early() -> Non
         async for _ in merged([generation(0), failing()]):
             pass
     assert sorted(closed) == [0, 9]
+
+
+def test_usage_ledger_failures_and_pending_rows_are_exported() -> None:
+    m = Metrics(process=False)
+    assert val(m, "geniex:usage_ledger_write_failures_total") == 0  # no ledger bound: no sample
+    ledger = SimpleNamespace(write_failures=3, pending=2)
+    m.watch(None, None, ledger)
+    assert val(m, "geniex:usage_ledger_write_failures_total") == 3
+    assert val(m, "geniex:usage_ledger_pending_rows") == 2
+    ledger.write_failures, ledger.pending = 4, 0
+    assert val(m, "geniex:usage_ledger_write_failures_total") == 4
+    assert val(m, "geniex:usage_ledger_pending_rows") == 0
