@@ -147,6 +147,11 @@ def allowed_hosts(settings: Settings) -> frozenset[str] | None:
     return frozenset(names)
 
 
+def _abort_inflight(pool: WorkerPool) -> None:
+    n = pool.abort("the server is shutting down and its drain timed out; retry on another instance or in a moment")
+    log.warning("drain timed out; requests still running were ended with 503", requests=n)
+
+
 def create_app(settings: Settings, lifecycle: Lifecycle | None = None, keys: KeyRing | None = None) -> Litestar:
     """The app. `lifecycle` is the server's view of readiness and draining (its signal handler
     starts the drain); `keys` the API keys (read from the settings when not given)."""
@@ -170,6 +175,7 @@ def create_app(settings: Settings, lifecycle: Lifecycle | None = None, keys: Key
         systemd = Systemd()  # a no-op outside systemd
         systemd.start_watchdog()
         lifecycle.on_drain.append(systemd.stopping)
+        lifecycle.on_drain_timeout.append(lambda: _abort_inflight(pool))
 
         async def preload() -> None:
             for name in settings.preload:
