@@ -44,8 +44,9 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
+# First, even when PYTHONPATH names it too: this script's folder (sys.path[0]) holds bench.py,
+# which would shadow the `bench` package.
+sys.path.insert(0, str(REPO))
 
 import httpx
 import openai
