@@ -476,7 +476,7 @@ async def _do(st: State, http: httpx.AsyncClient, sdk: openai.AsyncOpenAI, rec: 
         if isinstance(exc, openai.APIConnectionError):
             raise
         # The SDK raises this for an SSE error event (the framing is checked on the raw streams).
-        rec.outcome, rec.why = "error", f"stream error: {exc.message[:120]}"
+        rec.outcome, rec.why = "error", f"stream error: {str(exc.body or exc.message)[:120]}"
 
 
 async def client_loop(st: State, http: httpx.AsyncClient, sdk: openai.AsyncOpenAI) -> None:
@@ -702,6 +702,16 @@ def check_ledger(
             "client_prompt_tokens": sum(r.prompt for r in ok if r.prompt > 0),
             "client_completion_tokens": sum(r.completion for r in ok if r.completion > 0),
             "problems": bad}  # fmt: skip
+
+
+# What this workload's faults may cost a request that was well formed: its worker killed or
+# stopped, or the server going. Anything else (a full disk, say) must cost no request.
+EXPECTED_ERRORS = ("died (", "was stopped", "shutting down")
+
+
+def unexplained_errors(st: State) -> list[Rec]:
+    return [r for r in st.recs if r.outcome == "error" and r.kind != "malformed"
+            and not any(e in r.why for e in EXPECTED_ERRORS)]  # fmt: skip
 
 
 def check_metrics(st: State, m: dict[tuple[str, tuple[tuple[str, str], ...]], float],
@@ -930,6 +940,8 @@ async def _run(st: State, args: argparse.Namespace, report: dict[str, Any]) -> d
     deferred_logged = log_text.count("usage ledger write deferred")
     inv: dict[str, tuple[bool, str]] = {
         "every_request_clean": (not violations, f"{len(violations)} requests ended otherwise"),
+        "errors_explained": (not (odd := unexplained_errors(st)),
+                             "; ".join(f"{r.kind} [{r.phase}]: {r.why}" for r in odd[:10])),
         "gateway_survived": (gw_alive, "the gateway died during the load" if not gw_alive else ""),
         "drain_clean_exit": (rc == 0, f"exit status after SIGTERM: {rc}"),
         "no_worker_left": (not left, f"workers alive after the gateway stopped: {left}"),
