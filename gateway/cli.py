@@ -319,7 +319,7 @@ def _draining_server_class():  # type: ignore[no-untyped-def]
             self._draining = asyncio.ensure_future(self._finish_drain(sig))
 
         async def _finish_drain(self, sig: int) -> None:
-            await self._drain.wait(self._drain_timeout)
+            await self._drain.finish(self._drain_timeout)
             super().handle_exit(sig, None)
 
         @contextlib.contextmanager

@@ -150,6 +150,11 @@ def allowed_hosts(settings: Settings) -> frozenset[str] | None:
     return frozenset(names)
 
 
+def _abort_inflight(pool: WorkerPool) -> None:
+    n = pool.abort("the server is shutting down and its drain timed out; retry on another instance or in a moment")
+    log.warning("drain timed out; requests still running were ended with 503", requests=n)
+
+
 def create_app(settings: Settings, lifecycle: Lifecycle | None = None, keys: KeyRing | None = None) -> Litestar:
     """The app. `lifecycle` is the server's view of readiness and draining (its signal handler
     starts the drain); `keys` the API keys (read from the settings when not given)."""
@@ -167,12 +172,13 @@ def create_app(settings: Settings, lifecycle: Lifecycle | None = None, keys: Key
             log.info("removed downloads that a stopped pull left behind", paths=[str(p) for p in swept])
         ledger = Ledger(settings.data_dir)
         app.state.services = Services(settings, store, pool, ledger, metrics, lifecycle, limiter, ResponseStore())
-        metrics.watch(pool, limiter)
+        metrics.watch(pool, limiter, ledger)
         pool.start()
         _reload_keys_on_sighup(keys)
         systemd = Systemd()  # a no-op outside systemd
         systemd.start_watchdog()
         lifecycle.on_drain.append(systemd.stopping)
+        lifecycle.on_drain_timeout.append(lambda: _abort_inflight(pool))
 
         async def preload() -> None:
             for name in settings.preload:

@@ -28,6 +28,9 @@ class Lifecycle:
         self.inflight = 0
         # Called once when the drain starts (from the signal handler: keep them quick, no awaits).
         self.on_drain: list[Callable[[], None]] = []
+        # Called when the drain runs out of time with requests still in flight: they must end them
+        # with an answer (a 503, an error event), quickly and without awaiting.
+        self.on_drain_timeout: list[Callable[[], None]] = []
 
     @property
     def draining(self) -> bool:
@@ -46,6 +49,18 @@ class Lifecycle:
         deadline = time.monotonic() + timeout
         while self.inflight and time.monotonic() < deadline:
             await asyncio.sleep(0.05)
+
+    async def finish(self, timeout: float, grace: float = 5.0) -> None:
+        """The drain: in-flight requests get `timeout` seconds to finish. Those still running then
+        are ended by `on_drain_timeout` (a 503, or an error event and [DONE] in a stream) and get
+        `grace` seconds for those last bytes; without that, the server would cut their connections
+        (a bare 500, a stream without its end)."""
+        await self.wait(timeout)
+        if not self.inflight:
+            return
+        for callback in self.on_drain_timeout:
+            callback()
+        await self.wait(grace)
 
 
 class DrainMiddleware:

@@ -159,7 +159,9 @@ def _ignore(_i: int, _msg: Started) -> None:
 async def collect_events(c: Completion, stream: AsyncIterator[Tagged], on_delta: Callable[[int, Delta], None],
                          on_done: Callable[[int, Done], None], on_started: OnStarted = _ignore) -> None:  # fmt: skip
     """The whole answer of any completion, chat or text: each choice's Started to `on_started`,
-    each Delta to `on_delta`, each Done to `on_done`, and the request settled once every choice is done."""
+    each Delta to `on_delta`, each Done to `on_done`, and the request settled once every choice is done.
+    The answer goes out whole at the end, so one that fails or is left before then bills nothing."""
+    c.accounting.bills_partial = False
     async for i, msg in stream:
         if isinstance(msg, Started):
             on_started(i, msg)

@@ -35,6 +35,10 @@ class Accounting:
         self.timer = timer
         self.record = record
         self.settled = False
+        # Whether a request cut short is billed the tokens generated so far: true of a stream,
+        # whose client got them; not of an answer sent whole at the end (relay.collect_events),
+        # whose client got none of them.
+        self.bills_partial = True
 
     def first_token(self) -> None:
         self.timer.first_token()
@@ -49,8 +53,8 @@ class Accounting:
         structlog.contextvars.bind_contextvars(outcome=outcome, prompt_tokens=prompt_tokens,
                                                completion_tokens=completion_tokens)  # fmt: skip
         self.timer.finish(prompt_tokens, completion_tokens, outcome, cached_tokens)
-        # The ledger bills what was answered: a finished request, or the tokens a cut-short one got.
-        if self.record is not None and (outcome == "ok" or completion_tokens > 0):
+        # The ledger bills what was answered: a finished request, or the tokens a cut-short stream got.
+        if self.record is not None and (outcome == "ok" or (self.bills_partial and completion_tokens > 0)):
             try:
                 self.record(prompt_tokens, completion_tokens)
             except Exception as exc:  # noqa: BLE001 - accounting must never break an answer already produced

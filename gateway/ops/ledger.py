@@ -12,9 +12,11 @@ before its last bytes leave, so a crash or restart loses nothing that was answer
 background batcher would save those microseconds and open a window in which answered requests
 exist only in memory. The one slower write is SQLite's automatic checkpoint, every few hundred
 requests, which fsyncs (4-13 ms measured); if that ever matters, checkpoint from a thread.
-If another process holds the write lock past a short busy timeout, the counts stay in memory,
-merged, and go out with the next write or at `close()`, which waits longer; the loop is never
-blocked for more than that.
+If another process holds the write lock past a short busy timeout, or the disk is full, the
+counts stay in memory, merged, and go out with the next write that succeeds or at `close()`, which
+waits longer; the loop is never blocked for more than that. Each failed write is logged and
+counted (`write_failures`, exported as `geniex:usage_ledger_write_failures`), so an operator sees
+a ledger that is behind before the counts are lost to a restart.
 """
 
 from __future__ import annotations
@@ -146,6 +148,7 @@ class Ledger:
         os.close(os.open(self.path, os.O_CREAT | os.O_RDWR, 0o600))
         os.chmod(self.path, 0o600)  # a ledger made before this rule
         self._pending: dict[RowKey, list[int]] = {}
+        self.write_failures = 0  # flushes that failed (locked, disk full); their counts stayed pending
         self._conn: sqlite3.Connection | None = self._connect()
 
     def _connect(self) -> sqlite3.Connection:
@@ -186,6 +189,7 @@ class Ledger:
             with self._conn:  # one transaction: commit on success, roll back on error
                 self._conn.executemany(_UPSERT, items)
         except sqlite3.OperationalError as exc:
+            self.write_failures += 1
             log.warning("usage ledger write deferred", error=str(exc), pending=len(items))
             return False
         self._pending.clear()

@@ -58,6 +58,13 @@ class LimiterLike(Protocol):
     def snapshot(self) -> Mapping[str, tuple[int, int, int, Mapping[str, int]]]: ...
 
 
+class LedgerLike(Protocol):
+    write_failures: int
+
+    @property
+    def pending(self) -> int: ...
+
+
 class PoolLike(Protocol):
     @property
     def workers(self) -> Mapping[Any, WorkerLike]: ...
@@ -118,16 +125,22 @@ class Metrics:
                                            ["model"], registry=r)  # fmt: skip
         r.register(_PoolCollector(self))
         r.register(_KeyCollector(self))
+        r.register(_LedgerCollector(self))
         if process:  # process_resident_memory_bytes and friends, for the gateway itself
             ProcessCollector(registry=r)
         self.pool: PoolLike | None = None
         self.limiter: LimiterLike | None = None
+        self.ledger: LedgerLike | None = None
         self._series: dict[str, _ModelSeries] = {}
 
-    def watch(self, pool: PoolLike | None, limiter: LimiterLike | None = None) -> None:
-        """Scrape-time gauges read this pool and these per-key limits; the app binds them in its lifespan."""
+    def watch(
+        self, pool: PoolLike | None, limiter: LimiterLike | None = None, ledger: LedgerLike | None = None
+    ) -> None:
+        """Scrape-time gauges read this pool, these per-key limits and this usage ledger; the app
+        binds them in its lifespan."""
         self.pool = pool
         self.limiter = limiter
+        self.ledger = ledger
 
     def series(self, model: str) -> _ModelSeries:
         s = self._series.get(model)
@@ -318,4 +331,32 @@ class _KeyCollector(Collector):
                 "Requests refused by a per-key limit (rpm, tpm, concurrent).",
                 labels=["key", "limit"],
             ),
+        ]
+
+
+class _LedgerCollector(Collector):
+    """The usage ledger's failed writes (locked, disk full) and the rows waiting for the next one."""
+
+    def __init__(self, metrics: Metrics) -> None:
+        self._m = metrics
+
+    def describe(self) -> Iterator[Metric]:
+        return iter(self._families())
+
+    def collect(self) -> Iterator[Metric]:
+        fams = self._families()
+        ledger = self._m.ledger
+        if ledger is not None:
+            fams[0].add_metric([], ledger.write_failures)
+            fams[1].add_metric([], ledger.pending)
+        return iter(fams)
+
+    @staticmethod
+    def _families() -> list[GaugeMetricFamily | CounterMetricFamily]:
+        return [
+            CounterMetricFamily(
+                "geniex:usage_ledger_write_failures",
+                "Usage ledger writes that failed (file locked, disk full); their counts wait in memory.",
+            ),
+            GaugeMetricFamily("geniex:usage_ledger_pending_rows", "Usage ledger rows waiting for a write to succeed."),
         ]

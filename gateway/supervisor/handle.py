@@ -185,6 +185,7 @@ class WorkerHandle:
         self._cancelled: dict[int, int] = {}  # req_id -> tokens relayed when the cancel was sent
         self._ready: asyncio.Future[Ready] = asyncio.get_running_loop().create_future()
         self._dying: str | None = None
+        self._refusal: str | None = None  # set by abort(): every new request is refused with it
         self._reader: asyncio.Task[None] | None = None
         self._watcher: asyncio.Task[None] | None = None
         slug = spec.key.slug
@@ -382,6 +383,8 @@ class WorkerHandle:
             pass  # a dead worker is reported by the watcher, with its real cause
 
     def _admit(self, log_id: str) -> tuple[int, _Pending]:
+        if self._refusal is not None:
+            raise Overloaded(self._refusal, retry_after=5)
         if self.state is not State.READY:
             raise WorkerDied(f"worker for {self.key.model} is {self.status}")
         assert self.ready_info is not None
@@ -416,6 +419,18 @@ class WorkerHandle:
                 self._cancelled.clear()
             self._cancelled[req_id] = pending.n_tokens
             self._send(Cancel(req_id))
+
+    def abort(self, message: str) -> int:
+        """End every request waiting on this worker with a 503 (`message`) and cancel it on the
+        worker; refuse new ones. Never awaits. Returns how many were waiting."""
+        self._refusal = message
+        pending = list(self._queues.items())
+        for req_id, p in pending:
+            self.cancel(req_id)
+            p.queue.put_nowait(Overloaded(message, retry_after=5))
+        if pending:
+            self._left()
+        return len(pending)
 
     async def warmup(self) -> None:
         req_id, pending = self._admit("")

@@ -77,6 +77,7 @@ class WorkerPool:
         self._capacity_waiters = 0
         self._start_lock = asyncio.Lock()  # one eviction plan at a time (never held across a wait or a load)
         self._cores = psutil.cpu_count(logical=False) or os.cpu_count() or 1
+        self._refusal: str | None = None  # set by abort(): the server is going, refuse every request
 
     def key_for(self, entry: ModelEntry, nctx: int | None, compute: str | None, ngl: int | None) -> WorkerKey:
         unit = resolve_compute(compute or self.settings.compute, worker_engine(entry))
@@ -89,6 +90,7 @@ class WorkerPool:
         )
 
     async def get(self, key: WorkerKey, entry: ModelEntry) -> WorkerHandle:
+        self._refuse_if_aborted()
         handle = self.workers.get(key)
         if handle is not None and handle.state is State.READY:
             return handle
@@ -98,7 +100,21 @@ class WorkerPool:
             task = asyncio.create_task(self._start(key, entry), name=f"start:{key.slug}")
             self._starting[key] = task
             task.add_done_callback(lambda _t: self._starting.pop(key, None))
-        return await asyncio.shield(task)
+        handle = await asyncio.shield(task)
+        self._refuse_if_aborted()  # aborted while this worker loaded
+        return handle
+
+    def abort(self, message: str) -> int:
+        """The shutdown's drain ran out of time: every request still waiting on a worker, or for
+        one, ends with a 503 (`message`; an error event in a stream that has begun) instead of a
+        connection the server cuts, and the workers cancel their work. Never awaits. Returns how
+        many requests were waiting on workers."""
+        self._refusal = message
+        return sum(h.abort(message) for h in list(self.workers.values()))
+
+    def _refuse_if_aborted(self) -> None:
+        if self._refusal is not None:
+            raise Overloaded(self._refusal, retry_after=5)
 
     # ---- crash accounting ----------------------------------------------------
 
@@ -294,6 +310,7 @@ class WorkerPool:
                         await asyncio.wait_for(self._idle.wait(), min(left, 1.0))
                     except TimeoutError:
                         pass
+                self._refuse_if_aborted()
         finally:
             if waiting:
                 self._capacity_waiters -= 1

@@ -163,3 +163,30 @@ def test_the_ledger_is_private_to_the_server_user(tmp_path: Path) -> None:
     db_path(data).chmod(0o644)
     Ledger(data).close()
     assert db_path(data).stat().st_mode & 0o777 == 0o600
+
+
+def test_a_full_disk_defers_counts_counts_the_failure_and_recovers(tmp_path: Path) -> None:
+    """SQLite's own "database or disk is full" (max_page_count caps the file as a full disk would):
+    the request's counts wait in memory, the failure is counted, and the next write after space
+    returns carries them, each once."""
+    led = Ledger(tmp_path)
+    led.record(MODEL, "k0", "", 1, 1)
+    assert led._conn is not None
+    pages = led._conn.execute("PRAGMA page_count").fetchone()[0]
+    led._conn.execute(f"PRAGMA max_page_count = {pages}")  # the disk is full
+    n = 0
+    while led.write_failures == 0:  # new rows need new pages: the first that needs one fails
+        n += 1
+        led.record(MODEL, f"key-{n:04d}-" + "x" * 200, "", 2, 3)
+        assert n < 5000
+    for _ in range(5):
+        n += 1
+        led.record(MODEL, f"key-{n:04d}-" + "x" * 200, "", 2, 3)
+    assert led.write_failures == 6 and led.pending == 6  # nothing lost, nothing written twice
+    led._conn.execute("PRAGMA max_page_count = 1073741823")  # space is back
+    led.record(MODEL, "k0", "", 1, 1)
+    assert led.pending == 0
+    rows = led.rows()
+    assert totals(rows) == (n + 2, 2 * n + 2, 3 * n + 2)
+    assert all(r.requests == 1 for r in rows if r.key != "k0")
+    led.close()

@@ -246,3 +246,43 @@ async def test_merged_streams_cancel_every_generation_when_closed_early() -> Non
         async for _ in merged([generation(0), failing()]):
             pass
     assert sorted(closed) == [0, 9]
+
+
+def test_usage_ledger_failures_and_pending_rows_are_exported() -> None:
+    m = Metrics(process=False)
+    assert val(m, "geniex:usage_ledger_write_failures_total") == 0  # no ledger bound: no sample
+    ledger = SimpleNamespace(write_failures=3, pending=2)
+    m.watch(None, None, ledger)
+    assert val(m, "geniex:usage_ledger_write_failures_total") == 3
+    assert val(m, "geniex:usage_ledger_pending_rows") == 2
+    ledger.write_failures, ledger.pending = 4, 0
+    assert val(m, "geniex:usage_ledger_write_failures_total") == 4
+    assert val(m, "geniex:usage_ledger_pending_rows") == 0
+
+
+async def test_a_whole_answer_that_fails_or_is_left_bills_nothing_but_counts_its_tokens() -> None:
+    """A non-streamed answer goes out whole at the end: one cut short gave its client no token,
+    so the ledger bills none (the soak harness found 503s billed), while the metrics still count
+    the work the worker did."""
+    c, m, billed = accounted()
+    with pytest.raises(WorkerDied):
+        await c.guard(collect(c, shapers(), feed(Delta(1, "a", 1), Delta(1, "b", 6), WorkerDied("gone"))))
+    assert billed == []
+    assert val(m, "geniex:requests_total", model=M, outcome="error") == 1
+    assert val(m, "vllm:generation_tokens_total", model=M) == 6
+
+    c, m, billed = accounted()
+    task = asyncio.ensure_future(c.guard(collect(c, shapers(), slow_after(Delta(1, "a", 2)))))
+    while not c.tokens[0]:
+        await asyncio.sleep(0)
+    task.cancel()  # the client left
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert billed == [] and val(m, "geniex:requests_total", model=M, outcome="cancelled") == 1
+
+
+async def slow_after(*msgs: Delta) -> AsyncIterator[tuple[int, Delta | Done]]:
+    for msg in msgs:
+        yield 0, msg
+    await asyncio.sleep(60)
+    yield 0, Done(1, "stop", 4, 3)

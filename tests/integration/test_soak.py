@@ -1,0 +1,35 @@
+"""The soak harness (bench/soak.py), CI-sized: about a minute of mixed load from 16 clients on two
+chat models and an embedding model under --max-loaded 2, with every fault injected at least once,
+and every invariant it checks asserted here (none of them on timing)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_one_minute_of_chaos_keeps_every_invariant(tmp_path: Path) -> None:
+    cmd = [sys.executable, str(REPO / "bench" / "soak.py"), "--duration", "50", "--kill-every", "4",
+           "--burst-every", "10", "--disk-every", "10", "--disk-hold", "2", "--disconnect-rate", "0.2",
+           "--malformed-rate", "0.08", "--drain-timeout", "5", "--work-dir", str(tmp_path / "soak")]  # fmt: skip
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=REPO)
+    lines = out.stdout.strip().splitlines()
+    assert lines and lines[-1].startswith("{"), out.stdout[-3000:] + out.stderr[-3000:]
+    report = json.loads(lines[-1])
+    assert "harness_error" not in report, out.stdout[-3000:] + out.stderr[-3000:]
+    detail = "\n".join(lines[-60:-1])
+    for name, ok in report["invariants"].items():
+        assert ok, f"{name}: {report['failures'].get(name)}\n{detail}"
+    faults = report["faults"]
+    for fault in ("worker_kills", "bursts", "busy_503", "disconnects", "malformed"):
+        assert faults[fault] >= 1, (fault, faults)
+    if os.geteuid() == 0:  # the disk-full fault mounts a tmpfs
+        assert faults["disk_full_episodes"] >= 1 and "disk_full_counted" in report["invariants"], faults
+    assert report["drain"]["exit_status"] == 0
+    assert report["ledger"]["answered"] > 0 and report["ledger"]["missing"] == 0
+    assert out.returncode == 0, detail
