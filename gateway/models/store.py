@@ -36,6 +36,7 @@ import structlog
 from gateway.errors import BadRequest, GenieXError, ModelNotFound
 from gateway.models.ctranslate2 import MODEL_FILE as CT2_MODEL_FILE
 from gateway.models.ctranslate2 import WHISPER_OPTIONAL, WHISPER_REQUIRED, whisper_precision
+from protocol.npu_cache import NPU_DIR, remove_stale
 from protocol.upstream import UpstreamError, UpstreamSpec
 from protocol.upstream import encode as encode_upstream
 from protocol.upstream import validate as validate_upstream
@@ -591,6 +592,8 @@ class ModelStore:
                             with contextlib.suppress(OSError):  # not empty: something else lives there
                                 d.rmdir()
             if removed:
+                # The NPU graphs converted from the deleted files (about twice the fp32 model each).
+                remove_stale(self.data_dir / NPU_DIR)
                 return removed
         if any(self._matches(e, org, repo, precision) for e in self.bundled):
             raise BadRequest(f"{name} is bundled with GenieX and cannot be removed")

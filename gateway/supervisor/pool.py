@@ -40,6 +40,7 @@ from gateway.supervisor.memory import (
 from gateway.supervisor.states import State
 from protocol.keys import WorkerKey
 from protocol.limits import MAX_DRAFT_MODELS
+from protocol.npu_cache import NPU_DIR
 
 NPU_FIRST_LOAD_S = 900.0
 log = structlog.get_logger("gateway.supervisor.pool")
@@ -208,7 +209,7 @@ class WorkerPool:
             nice=s.worker_nice,
             batch_tokens=EMBED_BATCH_TOKENS if engine == "llama_embed" else 0,
             cache_ram_mb=cache_mb,
-            cache_dir=str(s.data_dir / "npu") if engine == "llama_npu" else "",
+            cache_dir=str(s.data_dir / NPU_DIR) if engine == "llama_npu" else "",
             mmproj=entry.mmproj if engine in ("llama_cpp", "llama_npu") else "",  # llama_npu: for its CPU fallback
         )
         handle = self._admit_remote(spec, need) if engine == "upstream" else await self._admit(spec, need)

@@ -34,10 +34,11 @@ from typing import Any
 
 import numpy as np
 
+from protocol.npu_cache import CONFIG_FILE, remove_stale
+
 CONVERTER_VERSION = 1
 GRAPH_FILE = "model.onnx"
 WEIGHTS_FILE = "model.onnx.data"
-CONFIG_FILE = "npu.json"
 # Architectures whose GGUF tensors this converter maps; others stay on llama.cpp.
 SUPPORTED_ARCHS = ("llama", "qwen2")
 # llama.cpp's converter interleaves these architectures' Q/K rows for its "normal" RoPE; the others
@@ -88,6 +89,7 @@ def cached_or_convert(gguf_path: str, cache_dir: Path, progress: Callable[[str],
     converted under a temporary name and renamed when complete, so a crash leaves no half graph."""
     target = cache_dir / cache_key(gguf_path)
     if (target / CONFIG_FILE).is_file():
+        _sweep(cache_dir, target, progress)
         return target
     cache_dir.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=".converting-", dir=cache_dir))
@@ -100,7 +102,15 @@ def cached_or_convert(gguf_path: str, cache_dir: Path, progress: Callable[[str],
                 raise
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+    _sweep(cache_dir, target, progress)
     return target
+
+
+def _sweep(cache_dir: Path, current: Path, progress: Callable[[str], None] | None) -> None:
+    """Older versions of this GGUF's graph, and graphs of GGUFs since deleted, are dead weight."""
+    for old in remove_stale(cache_dir, current):
+        if progress is not None:
+            progress(f"removed {old.name}, a converted graph no model needs any more")
 
 
 # ---- reading the GGUF --------------------------------------------------------------------------

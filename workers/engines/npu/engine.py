@@ -32,6 +32,7 @@ import numpy as np
 import structlog
 
 from protocol import qnn
+from protocol.npu_cache import NPU_DIR
 from protocol.wire import (
     PROTOCOL_VERSION,
     CountTokens,
@@ -152,7 +153,7 @@ def cache_dir(opts: EngineOptions) -> Path:
     if given:
         return Path(given)
     base = os.environ.get("GENIEX_DATADIR") or os.path.join(os.path.expanduser("~"), ".cache", "geniex")
-    return Path(base) / "npu"
+    return Path(base) / NPU_DIR
 
 
 class NpuChatEngine(VocabTokens):
