@@ -342,6 +342,9 @@ class WorkerHandle:
             if isinstance(msg, Delta):
                 p = self._queues.get(msg.req_id)
                 if p is not None:
+                    # Counted as they come (n_tokens is the request's running total), so that
+                    # /v1/workers shows throughput during long answers, not only when they end.
+                    self.tokens_generated += max(0, msg.n_tokens - p.n_tokens)
                     p.n_tokens = msg.n_tokens
                     p.queue.put_nowait(msg)
             elif isinstance(msg, Started):
@@ -365,14 +368,15 @@ class WorkerHandle:
                 self.log.error("worker dying", error=msg.message)
             else:  # Done, Failed, or a one-shot answer: the request's last reply
                 p = self._queues.pop(msg.req_id, None)
+                counted = p.n_tokens if p is not None else self._cancelled.get(msg.req_id, 0)
                 if p is not None:
                     p.queue.put_nowait(msg)
                 elif isinstance(msg, Done) and msg.req_id in self._cancelled:
                     relayed = self._cancelled.pop(msg.req_id)
                     self.log.info("cancel confirmed", relayed_tokens=relayed, generated_tokens=msg.completion_tokens,
                                   overshoot=max(0, msg.completion_tokens - relayed))  # fmt: skip
-                if isinstance(msg, Done):
-                    self.tokens_generated += msg.completion_tokens
+                if isinstance(msg, Done):  # what the Deltas did not count: the last tokens, or a cancel's overshoot
+                    self.tokens_generated += max(0, msg.completion_tokens - counted)
 
     # ---- requests ----------------------------------------------------------
 

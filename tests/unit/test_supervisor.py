@@ -81,6 +81,30 @@ async def test_a_generation_streams_started_deltas_and_done(make_pool: MakePool,
     assert h.status == "idle" and h.requests_served == 2
 
 
+async def test_tokens_generated_counts_during_an_answer_and_once_in_all(make_pool: MakePool, tmp_path: Path) -> None:
+    """/v1/workers' throughput comes from tokens_generated: it grows while an answer streams, ends
+    at the answers' completion_tokens exactly, and counts a cancelled answer's overshoot once."""
+    pool = make_pool()
+    h = await worker(pool, fake_model(tmp_path, "t", tokens=1000, delay_ms=5))
+    stream = h.generate(ask(max_tokens=200))
+    for _ in range(6):  # Started and five Deltas
+        await anext(stream)
+    assert 5 <= h.tokens_generated < 200, "counted while the answer is under way"
+    rest = [m async for m in stream]
+    assert isinstance(rest[-1], Done) and h.tokens_generated == rest[-1].completion_tokens == 200
+    cut = h.generate(ask())
+    for _ in range(4):
+        await anext(cut)
+    await cut.aclose()
+    await until(lambda: not h._cancelled)  # the worker's Done for the cancel came back
+    done = await answer(h, ask(max_tokens=7))
+    assert isinstance(done[-1], Done)
+    assert h.tokens_generated >= 200 + 3 + 7, "the cancelled answer's tokens, overshoot included"
+    before = h.tokens_generated
+    await answer(h, ask(max_tokens=7))
+    assert h.tokens_generated == before + 7
+
+
 async def test_a_full_queue_is_overloaded_and_a_refusal_is_a_bad_request(make_pool: MakePool, tmp_path: Path) -> None:
     pool = make_pool(parallel=1, max_queue=1)
     h = await worker(pool, fake_model(tmp_path, "q", tokens=50, delay_ms=10))
