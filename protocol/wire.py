@@ -119,6 +119,7 @@ class CountTokens(msgspec.Struct, tag="count_tokens", array_like=True, omit_defa
     messages: list[dict[str, Any]]
     template_vars: dict[str, Any] = {}
     tools: list[dict[str, Any]] | None = None
+    images: list[ImageInput] = []  # as in Generate: each counts as the tokens its embeddings take
 
 
 class Tokenize(msgspec.Struct, tag="tokenize", array_like=True):

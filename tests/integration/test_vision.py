@@ -140,6 +140,10 @@ def test_the_agent_dialects_read_images_too(server: ServerProcess, client: opena
     # Anthropic's input_tokens leaves out what was read from the cache (an earlier test asked the same).
     prompt = m.usage.input_tokens + (m.usage.cache_read_input_tokens or 0)
     assert prompt == answer(client, ask(data_url(solid_png(RED))))[1]
+    counted = claude.messages.count_tokens(model=VISION, messages=[{"role": "user", "content": [
+        {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": png}},
+        {"type": "text", "text": QUESTION}]}])  # fmt: skip
+    assert counted.input_tokens == prompt, "count_tokens counts the image's tokens too"
     r = client.responses.create(model=VISION, max_output_tokens=12, temperature=0, input=[{"role": "user", "content": [
         {"type": "input_image", "image_url": data_url(solid_png(GREEN)), "detail": "auto"},
         {"type": "input_text", "text": QUESTION}]}])  # fmt: skip

@@ -34,6 +34,7 @@ from protocol.wire import (
     ErrorKind,
     Failed,
     Generate,
+    ImageInput,
     Logits,
     LogprobDelta,
     Ready,
@@ -127,8 +128,13 @@ class LlamaEngine(VocabTokens):
 
     def submit(self, req: Generate | CountTokens | Logits) -> None:
         if isinstance(req, CountTokens):
-            tokens, _ = self._chat_tokens(req.messages, req.template_vars, req.tools)
-            self.counts.append(TokenCount(req.req_id, len(tokens)))
+            if req.images:
+                counted, _ = self._media_prompt(req.messages, req.template_vars, req.tools, req.images)
+                self.counts.append(TokenCount(req.req_id, counted.n_tokens))
+                counted.free()
+            else:
+                tokens, _ = self._chat_tokens(req.messages, req.template_vars, req.tools)
+                self.counts.append(TokenCount(req.req_id, len(tokens)))
             return
         if isinstance(req, Logits):
             self.logit_jobs.append(LogitsJob.checked(req, n_vocab=self.n_vocab, nctx=self.nctx))
@@ -139,7 +145,9 @@ class LlamaEngine(VocabTokens):
             self.speculator.check(req.speculation, self.threads.n)
         media: MediaPrompt | None = None
         if req.images:
-            media, reasoning_open = self._media_prompt(req)
+            if req.messages is None:
+                raise EngineError("`images` need chat `messages`")
+            media, reasoning_open = self._media_prompt(req.messages, req.template_vars, req.tools, req.images)
             tokens = media.keys
         else:
             tokens, reasoning_open = self._prompt_tokens(req)
@@ -410,20 +418,19 @@ class LlamaEngine(VocabTokens):
         except TemplateError as exc:
             raise EngineError(f"`messages`: {exc}") from exc
 
-    def _media_prompt(self, req: Generate) -> tuple[MediaPrompt, bool]:
+    def _media_prompt(self, messages: list[dict[str, Any]], variables: dict[str, Any],
+                      tools: list[dict[str, Any]] | None, images: list[ImageInput]) -> tuple[MediaPrompt, bool]:  # fmt: skip
         """A chat prompt with images, tokenized by mtmd into keys (llama/media.py)."""
         if self.media is None:
             raise EngineError("`messages`: this model has no multimodal projector; it cannot read images",
                               kind=ErrorKind.UNSUPPORTED)  # fmt: skip
-        if req.messages is None:
-            raise EngineError("`images` need chat `messages`")
-        text = self._render(req.messages, req.template_vars, req.tools, self.media.marker)
-        _, n_images = flatten(req.messages, "")
-        if n_images != len(req.images):
-            raise EngineError(f"`messages` has {n_images} image parts but {len(req.images)} images came with it")
+        text = self._render(messages, variables, tools, self.media.marker)
+        _, n_images = flatten(messages, "")
+        if n_images != len(images):
+            raise EngineError(f"`messages` has {n_images} image parts but {len(images)} images came with it")
         bos = self.template.bos_token
         add_special = self.add_bos and not (bos and text.startswith(bos))
-        return self.media.tokenize(text, req.images, add_special=add_special), opens_reasoning(text)
+        return self.media.tokenize(text, images, add_special=add_special), opens_reasoning(text)
 
     def _tokens(self, text: str) -> list[int]:
         bos = self.template.bos_token

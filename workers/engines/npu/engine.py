@@ -270,6 +270,10 @@ class NpuChatEngine(VocabTokens):
         if isinstance(req, Logits):
             raise EngineError("/v1/logits is not available on the NPU engine (compute npu/hybrid); ask for compute cpu")
         if isinstance(req, CountTokens):
+            if req.images:
+                raise EngineError(
+                    "images are not available on the NPU engine (compute npu/hybrid); ask for compute cpu"
+                )
             tokens, _ = self._chat_tokens(req.messages, req.template_vars, req.tools)
             self.counts.append(TokenCount(req.req_id, len(tokens)))
             return
