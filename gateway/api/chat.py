@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from litestar import Request, Response, post
 from litestar.di import NamedDependency
+from litestar.params import RawBody
 from litestar.response import ServerSentEvent
 
 from gateway.api import relay
@@ -25,7 +26,7 @@ def header_true(request: Request, name: str) -> bool:
 
 
 @post("/v1/chat/completions", status_code=200)
-async def chat_completions(request: Request, body: bytes,
+async def chat_completions(request: Request, body: RawBody,
                            services: NamedDependency[Services]) -> Response[ChatCompletion] | Response[bytes] | ServerSentEvent:  # fmt: skip
     data = read_json(body, ChatRequest)
     entry = services.model_for(data.model, "chat")

@@ -11,6 +11,7 @@ from collections.abc import AsyncIterator
 import msgspec
 from litestar import Request, Response, post
 from litestar.di import NamedDependency
+from litestar.params import RawBody
 from litestar.response import ServerSentEvent
 
 from gateway.api import relay
@@ -70,7 +71,7 @@ def _prompts(data: CompletionRequest) -> list[str]:
 
 @post("/v1/completions", status_code=200)
 async def completions(
-    request: Request, body: bytes, services: NamedDependency[Services]
+    request: Request, body: RawBody, services: NamedDependency[Services]
 ) -> Response[bytes] | ServerSentEvent:
     data = read_json(body, CompletionRequest)
     entry = services.model_for(data.model, "completion")

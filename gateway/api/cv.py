@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from litestar import Request, post
 from litestar.di import NamedDependency
+from litestar.params import RawBody
 
 from gateway.api.auth import caller_of
 from gateway.api.body import read_json
@@ -30,7 +31,7 @@ def results(reply: TextRegions) -> list[CVResult]:
 
 
 @post("/v1/cv", status_code=200)
-async def cv(request: Request, body: bytes, services: NamedDependency[Services]) -> CVResponse:
+async def cv(request: Request, body: RawBody, services: NamedDependency[Services]) -> CVResponse:
     data = read_json(body, CVRequest)
     entry = services.model_for(data.model, CAPABILITY)
     image = await load_media(data.image, field="image", limits=services.media)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from litestar import MediaType, Request, Response, post
 from litestar.di import NamedDependency
+from litestar.params import RawBody
 
 from gateway.api.auth import caller_of
 from gateway.api.body import read_json
@@ -32,7 +33,7 @@ def response_of(reply: Diarization) -> DiarizeResponse:
 
 
 @post("/v1/audio/diarize", status_code=200)
-async def diarize(request: Request, body: bytes,
+async def diarize(request: Request, body: RawBody,
                   services: NamedDependency[Services]) -> Response[DiarizeResponse] | Response[bytes]:  # fmt: skip
     data = read_json(body, DiarizeRequest)
     entry = services.model_for(data.model, CAPABILITY)

@@ -13,6 +13,7 @@ from array import array
 
 from litestar import Request, Response, post
 from litestar.di import NamedDependency
+from litestar.params import RawBody
 
 from gateway.api.auth import caller_of
 from gateway.api.body import read_json
@@ -95,7 +96,7 @@ async def _ask(request: Request, worker: WorkerHandle, entry: ModelEntry, messag
 
 
 @post("/v1/embeddings", status_code=200)
-async def embeddings(request: Request, body: bytes, services: NamedDependency[Services]) -> EmbeddingResponse:
+async def embeddings(request: Request, body: RawBody, services: NamedDependency[Services]) -> EmbeddingResponse:
     data = read_json(body, EmbeddingRequest)
     entry = services.model_for(data.model, "embeddings")
     texts, token_ids = split_input(data.input)
@@ -115,7 +116,9 @@ async def embeddings(request: Request, body: bytes, services: NamedDependency[Se
 
 
 @post("/v1/reranking", status_code=200)
-async def reranking(request: Request, body: bytes, services: NamedDependency[Services]) -> Response[RerankingResponse]:
+async def reranking(
+    request: Request, body: RawBody, services: NamedDependency[Services]
+) -> Response[RerankingResponse]:
     data = read_json(body, RerankingRequest)
     entry = services.model_for(data.model, "rerank")
     if data.query is None or not data.query.strip():

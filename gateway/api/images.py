@@ -11,6 +11,7 @@ import time
 
 from litestar import Request, post
 from litestar.di import NamedDependency
+from litestar.params import RawBody
 
 from gateway.api.auth import caller_of
 from gateway.api.body import read_json
@@ -64,7 +65,7 @@ async def _ask(request: Request, worker: WorkerHandle, entry: ModelEntry, messag
 
 @post("/v1/images/generations", status_code=200)
 async def generate_images(
-    request: Request, body: bytes, services: NamedDependency[Services]
+    request: Request, body: RawBody, services: NamedDependency[Services]
 ) -> ImageGenerationResponse:
     data = read_json(body, ImageGenerationRequest)
     entry = services.model_for(data.model, "images")

@@ -11,6 +11,7 @@ from typing import Any
 import structlog
 from litestar import Request, Response, post
 from litestar.di import NamedDependency
+from litestar.params import RawBody
 
 from gateway.api.auth import caller_of
 from gateway.api.body import read_json
@@ -49,7 +50,7 @@ def answer_json(model: str, r: LogitRows) -> bytes:
 
 
 @post("/v1/logits", status_code=200)
-async def logits(request: Request, body: bytes, services: NamedDependency[Services]) -> Response[bytes]:
+async def logits(request: Request, body: RawBody, services: NamedDependency[Services]) -> Response[bytes]:
     data = read_json(body, LogitsRequest)
     entry = services.model_for(data.model, "logits")
     if not data.input_ids:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from litestar import Request, Response, post
 from litestar.di import NamedDependency
+from litestar.params import RawBody
 from litestar.response import ServerSentEvent
 
 from gateway.api import relay
@@ -39,7 +40,7 @@ async def _images(req: ChatRequest, data: a.MessagesInput, entry: ModelEntry, se
 
 
 @post("/v1/messages", status_code=200)
-async def create_message(request: Request, body: bytes,
+async def create_message(request: Request, body: RawBody,
                          services: NamedDependency[Services]) -> Response[a.Message] | ServerSentEvent:  # fmt: skip
     data = read_json(body, a.MessagesRequest)
     req = chat_request(data)
@@ -62,7 +63,7 @@ async def create_message(request: Request, body: bytes,
 
 
 @post("/v1/messages/count_tokens", status_code=200)
-async def count_tokens(body: bytes, services: NamedDependency[Services]) -> Response[a.TokenCount]:
+async def count_tokens(body: RawBody, services: NamedDependency[Services]) -> Response[a.TokenCount]:
     """The prompt's tokens through the model's own template and tokenizer; nothing is generated,
     so nothing is billed (as at Anthropic)."""
     data = read_json(body, a.CountTokensRequest)

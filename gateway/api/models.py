@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from litestar import get, post
 from litestar.di import NamedDependency
+from litestar.params import FromPath, RawBody
 
 from gateway.api.body import read_json
 from gateway.api.services import Services
@@ -34,12 +35,12 @@ async def list_models(services: NamedDependency[Services]) -> ModelList:
 
 
 @get("/v1/models/{model_id:path}")
-async def get_model(services: NamedDependency[Services], model_id: str) -> Model:
+async def get_model(services: NamedDependency[Services], model_id: FromPath[str]) -> Model:
     return _model(services.store.resolve(model_id.lstrip("/")), services.pool)
 
 
 @post("/v1/models/load", status_code=200)
-async def load_model(body: bytes, services: NamedDependency[Services]) -> Model:
+async def load_model(body: RawBody, services: NamedDependency[Services]) -> Model:
     """Load now (idempotent: an already loaded worker is only given the new keep_alive)."""
     data = read_json(body, LoadRequest)
     entry = services.store.resolve(data.model)
@@ -48,7 +49,7 @@ async def load_model(body: bytes, services: NamedDependency[Services]) -> Model:
 
 
 @post("/v1/models/unload", status_code=200)
-async def unload_model(body: bytes, services: NamedDependency[Services]) -> Unloaded:
+async def unload_model(body: RawBody, services: NamedDependency[Services]) -> Unloaded:
     """Stop the model's workers; 409 while any is serving (idempotent: nothing loaded, nothing done)."""
     data = read_json(body, UnloadRequest)
     entry = services.store.resolve(data.model)

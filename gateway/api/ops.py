@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from litestar import Response, get
 from litestar.di import NamedDependency
+from litestar.params import FromQuery
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from gateway.api.services import Services
@@ -18,7 +19,9 @@ async def metrics(services: NamedDependency[Services]) -> Response[bytes]:
 
 
 @get("/v1/usage")
-async def usage(services: NamedDependency[Services], since: str | None = None, model: str | None = None) -> UsageList:
+async def usage(
+    services: NamedDependency[Services], since: FromQuery[str | None] = None, model: FromQuery[str | None] = None
+) -> UsageList:
     if since is not None:
         try:
             check_day(since)

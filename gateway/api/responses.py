@@ -13,6 +13,7 @@ from collections.abc import AsyncIterator
 
 from litestar import Request, Response, delete, get, post
 from litestar.di import NamedDependency
+from litestar.params import FromPath, RawBody
 from litestar.response import ServerSentEvent
 
 from gateway.api import relay
@@ -72,7 +73,7 @@ async def _collect(c: relay.Completion, shaper: ChoiceShaper, out: OutputStream,
 
 
 @post("/v1/responses", status_code=200)
-async def create_response(request: Request, body: bytes,
+async def create_response(request: Request, body: RawBody,
                           services: NamedDependency[Services]) -> Response[r.Response] | ServerSentEvent:  # fmt: skip
     data = read_json(body, r.ResponsesRequest)
     history: list[chat.ChatMessage] = []
@@ -112,13 +113,13 @@ async def create_response(request: Request, body: bytes,
 
 
 @get("/v1/responses/{response_id:str}")
-async def retrieve_response(request: Request, response_id: str,
+async def retrieve_response(request: Request, response_id: FromPath[str],
                             services: NamedDependency[Services]) -> Response[r.Response]:  # fmt: skip
     return Response(_stored(services.responses, request, response_id, "response_id").response)
 
 
 @delete("/v1/responses/{response_id:str}", status_code=200)
-async def delete_response(request: Request, response_id: str,
+async def delete_response(request: Request, response_id: FromPath[str],
                           services: NamedDependency[Services]) -> Response[r.Deleted]:  # fmt: skip
     if not services.responses.delete(tenant_of(request), response_id):
         raise NotFound(f"`response_id`: no stored response {response_id[:128]!r} ({_KEPT})")

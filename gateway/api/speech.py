@@ -22,6 +22,7 @@ from collections.abc import AsyncIterator
 
 from litestar import Request, Response, post
 from litestar.di import NamedDependency
+from litestar.params import RawBody
 from litestar.response import ServerSentEvent, ServerSentEventMessage
 
 from gateway.api.auth import caller_of
@@ -123,7 +124,7 @@ async def events(first: Audio | Done, rest: AsyncIterator[Audio | Done], tally: 
 
 
 @post("/v1/audio/speech", status_code=200)
-async def speech(request: Request, body: bytes, services: NamedDependency[Services]) -> Response[bytes] | ServerSentEvent:  # fmt: skip
+async def speech(request: Request, body: RawBody, services: NamedDependency[Services]) -> Response[bytes] | ServerSentEvent:  # fmt: skip
     data = read_json(body, SpeechRequest)
     entry = services.model_for(data.model, CAPABILITY)
     keep_alive = -1.0 if header_true(request, KEEP_CACHE_HEADER) else None

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from litestar import post
 from litestar.di import NamedDependency
+from litestar.params import RawBody
 
 from gateway.api.body import read_json
 from gateway.api.request_id import current_request_id
@@ -29,7 +30,7 @@ def _piece(token: int, raw: bytes) -> Piece:
 
 
 @post(["/tokenize", "/v1/tokenize"], status_code=200)
-async def tokenize(body: bytes, services: NamedDependency[Services]) -> TokenizeResponse:
+async def tokenize(body: RawBody, services: NamedDependency[Services]) -> TokenizeResponse:
     data = read_json(body, TokenizeRequest)
     entry = services.store.resolve(data.model or DEFAULT_MODEL_ID)
     worker = await services.worker(entry)
@@ -43,7 +44,7 @@ async def tokenize(body: bytes, services: NamedDependency[Services]) -> Tokenize
 
 
 @post(["/detokenize", "/v1/detokenize"], status_code=200)
-async def detokenize(body: bytes, services: NamedDependency[Services]) -> DetokenizeResponse:
+async def detokenize(body: RawBody, services: NamedDependency[Services]) -> DetokenizeResponse:
     data = read_json(body, DetokenizeRequest)
     entry = services.store.resolve(data.model or DEFAULT_MODEL_ID)
     worker = await services.worker(entry)
