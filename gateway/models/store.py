@@ -464,17 +464,22 @@ class ModelStore:
         finally:
             shutil.rmtree(staging, ignore_errors=True)
 
+    def _open_variant(self, org: str, repo: str, engine: str, key: str) -> tuple[Path, Path, Manifest, Variant | None]:
+        """(repo folder, manifest path, manifest, the variant `key` had before, taken out of it) for
+        adding a variant of `engine`; under the lock. A repo holds one engine's variants."""
+        repo_dir = self.models_dir / org / repo
+        repo_dir.mkdir(parents=True, exist_ok=True)
+        manifest_path = repo_dir / "manifest.json"
+        manifest = self._read_manifest(manifest_path) or Manifest(org=org, repo=repo, engine=engine)
+        self._check_engine(manifest, engine)
+        manifest.engine = engine
+        old_key = self._find_key(manifest, key)
+        return repo_dir, manifest_path, manifest, manifest.variants.pop(old_key) if old_key is not None else None
+
     def _add_folder(self, org: str, repo: str, precision: str, folder: Path, source: str,
                     engine: str = ONNX_ENGINE) -> ModelEntry:  # fmt: skip
         with self._locked():
-            repo_dir = self.models_dir / org / repo
-            repo_dir.mkdir(parents=True, exist_ok=True)
-            manifest_path = repo_dir / "manifest.json"
-            manifest = self._read_manifest(manifest_path) or Manifest(org=org, repo=repo, engine=engine)
-            self._check_engine(manifest, engine)
-            manifest.engine = engine
-            old_key = self._find_key(manifest, precision)
-            old = manifest.variants.pop(old_key) if old_key is not None else None
+            repo_dir, manifest_path, manifest, old = self._open_variant(org, repo, engine, precision)
             dest = repo_dir / f"{repo}.{precision}{FOLDER_SUFFIX[engine]}"
             if old is not None:  # drop the old entry before its folder goes
                 self._write_manifest(manifest_path, manifest)
@@ -507,14 +512,7 @@ class ModelStore:
             raise BadRequest(f"{Path(mmproj).name} is not a GGUF file (a multimodal projector is one)")
         _fsync_file(downloaded_file)
         with self._locked():
-            repo_dir = self.models_dir / org / repo
-            repo_dir.mkdir(parents=True, exist_ok=True)
-            manifest_path = repo_dir / "manifest.json"
-            manifest = self._read_manifest(manifest_path) or Manifest(org=org, repo=repo)
-            self._check_engine(manifest, ENGINE)
-            manifest.engine = ENGINE
-            old_key = self._find_key(manifest, precision)
-            old = manifest.variants.pop(old_key) if old_key is not None else None
+            repo_dir, manifest_path, manifest, old = self._open_variant(org, repo, ENGINE, precision)
             dest = repo_dir / f"{repo}.{precision}.gguf"
             self._move(downloaded_file, dest)
             proj = ""
@@ -548,14 +546,7 @@ class ModelStore:
             tmp.write_bytes(encode_upstream(spec))
             _fsync_file(tmp)
             with self._locked():
-                repo_dir = self.models_dir / org / repo
-                repo_dir.mkdir(parents=True, exist_ok=True)
-                manifest_path = repo_dir / "manifest.json"
-                manifest = self._read_manifest(manifest_path) or Manifest(org=org, repo=repo, engine=UPSTREAM_ENGINE)
-                self._check_engine(manifest, UPSTREAM_ENGINE)
-                manifest.engine = UPSTREAM_ENGINE
-                old_key = self._find_key(manifest, tag)
-                old = manifest.variants.pop(old_key) if old_key is not None else None
+                repo_dir, manifest_path, manifest, old = self._open_variant(org, repo, UPSTREAM_ENGINE, tag)
                 dest = repo_dir / f"{repo}.{tag}{UPSTREAM_SUFFIX}"
                 self._move(tmp, dest)
                 manifest.variants[tag] = Variant(file=dest.name, size=dest.stat().st_size, created=int(time.time()),
