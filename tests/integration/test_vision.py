@@ -280,3 +280,36 @@ def test_hostile_image_fields_are_a_400(server: ServerProcess, body: dict[str, o
     assert r.status_code == 400, r.text
     assert words in r.json()["error"]
     assert httpx.get(f"{server.base_url}/health").status_code == 200
+
+
+def _anthropic_image(source: object) -> dict[str, object]:
+    return {"model": VISION, "max_tokens": 2,
+            "messages": [{"role": "user", "content": [{"type": "image", "source": source}, {"type": "text", "text": "hi"}]}]}  # fmt: skip
+
+
+def _responses_image(part: dict[str, object]) -> dict[str, object]:
+    return {"model": VISION, "max_output_tokens": 2,
+            "input": [{"role": "user", "content": [{"type": "input_image", **part}]}]}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "words"),
+    [
+        ("/v1/messages", _anthropic_image({"type": "base64", "media_type": "image/png\x00", "data": "AAAA"}), "content[0]"),
+        ("/v1/messages", _anthropic_image({"type": "base64", "media_type": "image/png", "data": "\x00" * 100_000}), "content[0]"),
+        ("/v1/messages", _anthropic_image({"type": "url", "url": {"a": [[[[{"b": 1}]]]]}}), "source.url"),
+        ("/v1/messages", _anthropic_image({"type": "url", "url": "file:///etc/passwd"}), "content[0]"),
+        ("/v1/messages", _anthropic_image({"type": 2**70}), "source.type"),
+        ("/v1/messages", _anthropic_image([[[[[]]]]]), "source"),
+        ("/v1/responses", _responses_image({"image_url": "data:image/png;base64,\x00"}), "content[0]"),
+        ("/v1/responses", _responses_image({"image_url": [[[["x"]]]]}), "image_url"),
+        ("/v1/responses", _responses_image({"image_url": "http://169.254.169.254/latest"}), "content[0]"),
+        ("/v1/responses", _responses_image({"file_id": "file_" + "x" * 100_000}), "image_url"),
+    ],
+)  # fmt: skip
+def test_hostile_images_through_the_dialects_are_a_400(server: ServerProcess, path: str, body: dict[str, object],
+                                                       words: str) -> None:  # fmt: skip
+    r = httpx.post(f"{server.base_url}{path}", timeout=60, json=body)
+    assert r.status_code == 400, r.text
+    assert words in r.text, r.text
+    assert httpx.get(f"{server.base_url}/health").status_code == 200
