@@ -214,14 +214,23 @@ class RequestTimer:
             s.e2e.observe(now - self.started)
 
 
-class _PoolCollector(Collector):
-    """Scrape-time gauges from the live pool: request slots in use, queue depth, worker memory."""
+class _ScrapeCollector(Collector):
+    """Gauges read from the live objects at scrape time; `_families` names them (and describes
+    them to the registry without a scrape)."""
 
     def __init__(self, metrics: Metrics) -> None:
         self._m = metrics
 
     def describe(self) -> Iterator[Metric]:
         return iter(self._families())
+
+    @staticmethod
+    def _families() -> list[GaugeMetricFamily | CounterMetricFamily]:
+        raise NotImplementedError
+
+
+class _PoolCollector(_ScrapeCollector):
+    """Scrape-time gauges from the live pool: request slots in use, queue depth, worker memory."""
 
     def collect(self) -> Iterator[Metric]:
         pool = self._m.pool
@@ -294,15 +303,9 @@ class _PoolCollector(Collector):
         ]
 
 
-class _KeyCollector(Collector):
+class _KeyCollector(_ScrapeCollector):
     """Per API key with limits (labels come from the operator's key file, so they are few): its
     last minute and its refusals."""
-
-    def __init__(self, metrics: Metrics) -> None:
-        self._m = metrics
-
-    def describe(self) -> Iterator[Metric]:
-        return iter(self._families())
 
     def collect(self) -> Iterator[Metric]:
         fams = self._families()
@@ -334,14 +337,8 @@ class _KeyCollector(Collector):
         ]
 
 
-class _LedgerCollector(Collector):
+class _LedgerCollector(_ScrapeCollector):
     """The usage ledger's failed writes (locked, disk full) and the rows waiting for the next one."""
-
-    def __init__(self, metrics: Metrics) -> None:
-        self._m = metrics
-
-    def describe(self) -> Iterator[Metric]:
-        return iter(self._families())
 
     def collect(self) -> Iterator[Metric]:
         fams = self._families()
