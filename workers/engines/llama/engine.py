@@ -406,15 +406,16 @@ class LlamaEngine(VocabTokens):
     def _chat_tokens(self, messages: list[dict[str, Any]], variables: dict[str, Any],
                      tools: list[dict[str, Any]] | None) -> tuple[list[int], bool]:  # fmt: skip
         """A chat prompt rendered by the model's template, its tokens, and whether it opened `<think>`."""
-        text = self._render(messages, variables, tools, "")
+        text, _ = self._render(messages, variables, tools, "")
         return self._tokens(text), opens_reasoning(text)
 
     def _render(self, messages: list[dict[str, Any]], variables: dict[str, Any],
-                tools: list[dict[str, Any]] | None, marker: str) -> str:  # fmt: skip
-        """The chat prompt; image parts become `marker` (none without images: counting text only)."""
-        messages, _ = flatten(messages, marker)
+                tools: list[dict[str, Any]] | None, marker: str) -> tuple[str, int]:  # fmt: skip
+        """The chat prompt, image parts as `marker` (none without images: counting text only), and
+        how many image parts there were."""
+        messages, n_images = flatten(messages, marker)
         try:
-            return self.template.render(messages, variables, tools)
+            return self.template.render(messages, variables, tools), n_images
         except TemplateError as exc:
             raise EngineError(f"`messages`: {exc}") from exc
 
@@ -424,18 +425,18 @@ class LlamaEngine(VocabTokens):
         if self.media is None:
             raise EngineError("`messages`: this model has no multimodal projector; it cannot read images",
                               kind=ErrorKind.UNSUPPORTED)  # fmt: skip
-        text = self._render(messages, variables, tools, self.media.marker)
-        _, n_images = flatten(messages, "")
+        text, n_images = self._render(messages, variables, tools, self.media.marker)
         if n_images != len(images):
             raise EngineError(f"`messages` has {n_images} image parts but {len(images)} images came with it")
-        bos = self.template.bos_token
-        add_special = self.add_bos and not (bos and text.startswith(bos))
-        return self.media.tokenize(text, images, add_special=add_special), opens_reasoning(text)
+        return self.media.tokenize(text, images, add_special=self._add_special(text)), opens_reasoning(text)
 
     def _tokens(self, text: str) -> list[int]:
+        return tokenize(self.vocab, text, add_special=self._add_special(text))
+
+    def _add_special(self, text: str) -> bool:
+        """BOS is added unless the template already wrote it."""
         bos = self.template.bos_token
-        add_special = self.add_bos and not (bos and text.startswith(bos))
-        return tokenize(self.vocab, text, add_special=add_special)
+        return self.add_bos and not (bos and text.startswith(bos))
 
     def _fim_tokens(self, prefix: str, suffix: str) -> list[int]:
         """<fim_pre>prefix<fim_suf>suffix<fim_mid>: the model writes what goes between."""
