@@ -15,7 +15,6 @@ from gateway.api.request_id import current_request_id
 from gateway.api.services import Services
 from gateway.chat.convert import plan_chat, prompt_chars
 from gateway.chat.shape import ChoiceShaper
-from gateway.media.images import chat_images
 from protocol.chat import ChatCompletion, ChatRequest
 
 KEEP_CACHE_HEADER = "geniex-keepcache"
@@ -31,8 +30,7 @@ async def chat_completions(request: Request, body: RawBody,
     data = read_json(body, ChatRequest)
     entry = services.model_for(data.model, "chat")
     # Everything about the request is checked before a model is loaded for it.
-    images = await chat_images(data.messages, model_id=entry.id, vision=bool(entry.mmproj), limits=services.media,
-                               media_dirs=services.settings.media_dirs, max_length=data.image_max_length)  # fmt: skip
+    images = await services.images(data.messages, entry, max_length=data.image_max_length)
     plan = plan_chat(data, current_request_id() or "", services.store, services.settings.grammar_dirs,
                      keep_cache=header_true(request, KEEP_CACHE_HEADER), tenant=tenant_of(request),
                      images=images)  # fmt: skip

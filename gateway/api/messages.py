@@ -26,17 +26,8 @@ from gateway.chat.anthropic import chat_request, image_fields, message_of
 from gateway.chat.convert import plan_chat, prompt_chars
 from gateway.chat.shape import ChoiceShaper
 from gateway.errors import EngineFailure
-from gateway.media.images import chat_images
-from gateway.models.store import ModelEntry
 from protocol import anthropic as a
-from protocol.chat import ChatRequest
-from protocol.wire import CountTokens, ImageInput, TokenCount
-
-
-async def _images(req: ChatRequest, data: a.MessagesInput, entry: ModelEntry, services: Services) -> list[ImageInput]:
-    """The request's images, read and checked as chat completions' are (before a model loads)."""
-    return await chat_images(req.messages, model_id=entry.id, vision=bool(entry.mmproj), limits=services.media,
-                             media_dirs=services.settings.media_dirs, max_length=None, fields=image_fields(data))  # fmt: skip
+from protocol.wire import CountTokens, TokenCount
 
 
 @post("/v1/messages", status_code=200)
@@ -45,7 +36,7 @@ async def create_message(request: Request, body: RawBody,
     data = read_json(body, a.MessagesRequest)
     req = chat_request(data)
     entry = services.model_for(data.model, "chat")
-    images = await _images(req, data, entry, services)
+    images = await services.images(req.messages, entry, fields=image_fields(data))
     plan = plan_chat(req, current_request_id() or "", services.store, services.settings.grammar_dirs,
                      keep_cache=header_true(request, KEEP_CACHE_HEADER), tenant=tenant_of(request),
                      images=images)  # fmt: skip
@@ -69,7 +60,7 @@ async def count_tokens(body: RawBody, services: NamedDependency[Services]) -> Re
     data = read_json(body, a.CountTokensRequest)
     req = chat_request(data)
     entry = services.model_for(data.model, "chat")
-    images = await _images(req, data, entry, services)
+    images = await services.images(req.messages, entry, fields=image_fields(data))
     g = plan_chat(req, current_request_id() or "", services.store, services.settings.grammar_dirs).generate
     worker = await services.worker(entry, prompt_chars=prompt_chars(req.messages))
     reply = await worker.call(CountTokens(0, g.log_id, g.messages or [], g.template_vars, g.tools, images))

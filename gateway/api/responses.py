@@ -31,7 +31,6 @@ from gateway.chat.responses import answer_message, chat_request, image_fields, s
 from gateway.chat.responses_events import OutputStream
 from gateway.chat.shape import ChoiceShaper
 from gateway.errors import NotFound
-from gateway.media.images import chat_images
 from protocol import chat
 from protocol import responses as r
 from protocol.wire import Delta, Done, Started
@@ -82,9 +81,7 @@ async def create_response(request: Request, body: RawBody,
     req, conversation = chat_request(data, history)
     entry = services.model_for(data.model, "chat")
     # Everything about the request is checked before a model is loaded for it.
-    images = await chat_images(req.messages, model_id=entry.id, vision=bool(entry.mmproj), limits=services.media,
-                               media_dirs=services.settings.media_dirs, max_length=None,
-                               fields=image_fields(data))  # fmt: skip
+    images = await services.images(req.messages, entry, fields=image_fields(data))
     plan = plan_chat(req, current_request_id() or "", services.store, services.settings.grammar_dirs,
                      keep_cache=header_true(request, KEEP_CACHE_HEADER), tenant=tenant_of(request),
                      images=images)  # fmt: skip

@@ -17,6 +17,7 @@ from litestar.di import NamedDependency
 from gateway.api.lifecycle import Lifecycle
 from gateway.chat.response_store import ResponseStore
 from gateway.errors import BadRequest, Unsupported
+from gateway.media.images import chat_images
 from gateway.media.inputs import MediaLimits
 from gateway.models.capabilities import capabilities_of, serving
 from gateway.models.store import ModelEntry, ModelStore
@@ -28,7 +29,9 @@ from gateway.ops.settings import Settings
 from gateway.supervisor.handle import WorkerHandle
 from gateway.supervisor.memory import trained_context, worker_engine
 from gateway.supervisor.pool import WorkerPool
+from protocol.chat import ChatMessage
 from protocol.limits import MAX_PROMPT_CHARS_PER_TOKEN
+from protocol.wire import ImageInput
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,6 +50,12 @@ class Services:
         """How large an image or audio clip may be, and which hosts a URL may name."""
         s = self.settings
         return MediaLimits(s.max_body_mb << 20, frozenset(h.lower() for h in s.fetch_hosts))
+
+    async def images(self, messages: list[ChatMessage], entry: ModelEntry, max_length: int | None = None,
+                     fields: list[str] | None = None) -> list[ImageInput]:  # fmt: skip
+        """A chat request's images for `entry`, read and checked before a model loads (every dialect)."""
+        return await chat_images(messages, model_id=entry.id, vision=bool(entry.mmproj), limits=self.media,
+                                 media_dirs=self.settings.media_dirs, max_length=max_length, fields=fields)  # fmt: skip
 
     def model_for(self, name: str | None, capability: str, default: str | None = None) -> ModelEntry:
         """The model `name` (or `default`), refused with a 400 that says so when it cannot serve `capability`
