@@ -218,6 +218,9 @@ class State:
 # ---- clients -------------------------------------------------------------------------------
 
 
+CHAOS_KILL = "(killed by SIGKILL)"  # how the gateway reports a worker the chaos killed
+
+
 def classify_error(rec: Rec, status: int, headers: httpx.Headers, body: bytes) -> None:
     """A non-200 answer: busy (503 + Retry-After), a clean error (status + {"error": str}), or a violation."""
     rec.status = status
@@ -232,7 +235,9 @@ def classify_error(rec: Rec, status: int, headers: httpx.Headers, body: bytes) -
         rec.outcome, rec.why = "busy", doc["error"][:120]
     elif status == 503:
         rec.outcome, rec.why = "violation", f"503 without Retry-After: {doc['error'][:120]}"
-    elif rec.kind == "malformed" and status >= 500:
+    elif rec.kind == "malformed" and status >= 500 and CHAOS_KILL not in doc["error"]:
+        # Some bad input is found out by the worker (a token id past the vocabulary); the chaos
+        # killing that worker first is the one 5xx such a request may get.
         rec.outcome, rec.why = "violation", f"bad input answered {status}: {doc['error'][:120]}"
     else:
         rec.outcome, rec.why = "error", f"{status}: {doc['error'][:120]}"

@@ -184,7 +184,7 @@ def create_app(settings: Settings, lifecycle: Lifecycle | None = None, keys: Key
             for name in settings.preload:
                 try:
                     entry = store.resolve(name)
-                    await pool.get(pool.key_for(entry, None, None, None), entry)
+                    await pool.get(pool.key_for(entry, None, None, None), entry, claim=False)
                 except Exception as exc:  # noqa: BLE001 - a bad preload must not stop the server
                     log.error("preload failed", model=name, error=str(exc))
             lifecycle.ready = True

@@ -17,6 +17,7 @@ import os
 import signal
 import sys
 import time
+from collections import deque
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import NamedTuple
@@ -159,6 +160,12 @@ class _Pending:
         self.log_id = log_id
 
 
+# A request handed a worker (pool.get) holds it until it is admitted, so that an eviction or the
+# idle reaper cannot stop the worker between the two (the request's handler awaits in between);
+# a claim never admitted, its request having failed first, lapses after this long.
+CLAIM_S = 5.0
+
+
 class WorkerHandle:
     def __init__(self, spec: WorkerSpec, zctx: zmq.asyncio.Context, runtime_dir: Path,
                  events: asyncio.Queue[WorkerEvent] | None = None) -> None:  # fmt: skip
@@ -182,6 +189,7 @@ class WorkerHandle:
         self._codec = gateway_codec()
         self._ids = itertools.count(1)
         self._queues: dict[int, _Pending] = {}
+        self._claims: deque[float] = deque()  # when requests were handed this worker, not yet admitted
         self._cancelled: dict[int, int] = {}  # req_id -> tokens relayed when the cancel was sent
         self._ready: asyncio.Future[Ready] = asyncio.get_running_loop().create_future()
         self._dying: str | None = None
@@ -225,6 +233,20 @@ class WorkerHandle:
     @property
     def inflight(self) -> int:
         return len(self._queues)
+
+    def claim(self, n: int = 1) -> None:
+        """`n` requests were handed this worker: it is not idle until they are admitted (or CLAIM_S)."""
+        self._claims.extend([time.monotonic()] * n)
+
+    @property
+    def idle(self) -> bool:
+        """Ready, with nothing running, queued or about to be sent: a worker the pool may stop."""
+        if self.state is not State.READY or self._queues:
+            return False
+        lapsed = time.monotonic() - CLAIM_S
+        while self._claims and self._claims[0] < lapsed:
+            self._claims.popleft()
+        return not self._claims
 
     @property
     def status(self) -> str:
@@ -389,6 +411,9 @@ class WorkerHandle:
     def _admit(self, log_id: str) -> tuple[int, _Pending]:
         if self._refusal is not None:
             raise Overloaded(self._refusal, retry_after=5)
+        if self.state in (State.STOPPING, State.STOPPED):  # evicted, idle or unloaded: not a fault
+            raise Overloaded(f"the worker for {self.key.model} was stopped before this request reached it; retry",
+                             retry_after=1)  # fmt: skip
         if self.state is not State.READY:
             raise WorkerDied(f"worker for {self.key.model} is {self.status}")
         assert self.ready_info is not None
@@ -398,6 +423,8 @@ class WorkerHandle:
                 f"{self.spec.max_queue} queued); retry shortly"
             )
         req_id = next(self._ids)
+        if self._claims:
+            self._claims.popleft()
         became_busy = not self._queues
         pending = self._queues[req_id] = _Pending(log_id)
         if became_busy:

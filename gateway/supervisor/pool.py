@@ -66,6 +66,7 @@ class WorkerPool:
         self.workers: dict[WorkerKey, WorkerHandle] = {}
         self.events: asyncio.Queue[WorkerEvent] = asyncio.Queue()
         self._starting: dict[WorkerKey, asyncio.Task[WorkerHandle]] = {}
+        self._load_waiters: dict[WorkerKey, int] = {}  # requests awaiting each start
         stale = runtime_dir.sweep()
         if stale:
             log.info("removed runtime folders of gateways that are gone", paths=[str(p) for p in stale])
@@ -90,10 +91,13 @@ class WorkerPool:
             ngl=layers if unit == "gpu" else 0,
         )
 
-    async def get(self, key: WorkerKey, entry: ModelEntry) -> WorkerHandle:
+    async def get(self, key: WorkerKey, entry: ModelEntry, *, claim: bool = True) -> WorkerHandle:
+        """The ready worker for `key`, started if need be, and claimed for one request (see
+        WorkerHandle.claim) unless `claim` is false: a preload sends none."""
         self._refuse_if_aborted()
         handle = self.workers.get(key)
         if handle is not None and handle.state is State.READY:
+            handle.claim(int(claim))
             return handle
         task = self._starting.get(key)
         if task is None:
@@ -101,7 +105,15 @@ class WorkerPool:
             task = asyncio.create_task(self._start(key, entry), name=f"start:{key.slug}")
             self._starting[key] = task
             task.add_done_callback(lambda _t: self._starting.pop(key, None))
-        handle = await asyncio.shield(task)
+        # Counted while waiting: _start claims the new worker for every request waiting on it, the
+        # moment it is ready, before any of them resumes (an eviction could run in between).
+        self._load_waiters[key] = self._load_waiters.get(key, 0) + int(claim)
+        try:
+            handle = await asyncio.shield(task)
+        finally:
+            self._load_waiters[key] -= int(claim)
+            if not self._load_waiters[key]:
+                del self._load_waiters[key]
         self._refuse_if_aborted()  # aborted while this worker loaded
         return handle
 
@@ -224,6 +236,7 @@ class WorkerPool:
                 self.workers.pop(key, None)
             await handle.stop(graceful=False)
             raise
+        handle.claim(self._load_waiters.get(key, 0))
         log.info("worker ready", worker=key.slug, pid=ready.pid, seconds=round(time.perf_counter() - t0, 3),
                  parallel=ready.parallel, n_ctx=ready.n_ctx, estimate_mb=need >> 20, cpu_features=ready.cpu_features)  # fmt: skip
         return handle
@@ -240,7 +253,7 @@ class WorkerPool:
         return [
             Resident(
                 slug=k.slug,
-                idle=h.state is State.READY and h.inflight == 0,
+                idle=h.idle,
                 last_used=h.last_used,
                 bytes=self._estimates.get(k, 0),
                 npu=k.compute in ("npu", "hybrid"),  # both hold the NPU
@@ -339,7 +352,7 @@ class WorkerPool:
         while any of them has requests running or queued: an unload never cuts an answer short."""
         chosen = [h for h in self.residents_of(model)
                   if (compute is None or h.key.compute == compute) and (nctx is None or h.key.nctx == nctx)]  # fmt: skip
-        busy = [h for h in chosen if h.inflight or h.state is State.STARTING]
+        busy = [h for h in chosen if h.state is State.STARTING or (h.state is State.READY and not h.idle)]
         if busy:
             raise Conflict(f"{model} is serving {sum(h.inflight for h in busy)} request(s) or still loading; "
                            "unload it once they finish", retry_after=5)  # fmt: skip
@@ -360,7 +373,7 @@ class WorkerPool:
             now = time.monotonic()
             for key, h in list(self.workers.items()):
                 keepalive = self.keepalive_of(h)
-                if keepalive >= 0 and h.state is State.READY and h.inflight == 0 and now - h.last_used >= keepalive:
+                if keepalive >= 0 and h.idle and now - h.last_used >= keepalive:
                     log.info("worker idle; stopping", worker=key.slug, idle_s=round(now - h.last_used, 1))
                     self.workers.pop(key, None)
                     await h.stop()

@@ -238,3 +238,33 @@ async def test_keepalive_zero_stops_a_worker_once_idle(make_pool: MakePool, tmp_
     h = await worker(pool, fake_model(tmp_path, "k", tokens=2))
     await answer(h, ask())
     await until(lambda: h.state is State.STOPPED and not pool.workers)
+
+
+async def test_a_worker_handed_to_a_request_is_not_evicted_before_the_request_reaches_it(
+    make_pool: MakePool, tmp_path: Path
+) -> None:
+    """A handler awaits between getting its worker and sending it the request; a start that needs
+    the room in between waits instead of stopping that worker (soak: a 500 "worker is stopping")."""
+    pool = make_pool(max_loaded=1)
+    a = await worker(pool, fake_model(tmp_path, "a", tokens=2))
+    assert not a.idle, "claimed by the request it was handed to"
+    starting = asyncio.ensure_future(worker(pool, fake_model(tmp_path, "b", tokens=2)))
+    await asyncio.sleep(0.5)
+    assert a.state is State.READY and not starting.done()
+    msgs = await answer(a, ask())  # admitted: the claim is spent, and once done `a` is idle
+    assert isinstance(msgs[-1], Done)
+    b = await asyncio.wait_for(starting, 5)
+    assert a.state is State.STOPPED and list(pool.workers.values()) == [b]
+
+
+async def test_a_claim_never_used_lapses_and_a_stopped_worker_asks_for_a_retry(
+    make_pool: MakePool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("gateway.supervisor.handle.CLAIM_S", 0.2)
+    pool = make_pool(max_loaded=1)
+    a = await worker(pool, fake_model(tmp_path, "a", tokens=2))  # its request failed before reaching it
+    b = await asyncio.wait_for(worker(pool, fake_model(tmp_path, "b", tokens=2)), 5)
+    assert a.state is State.STOPPED and b.state is State.READY
+    with pytest.raises(Overloaded) as refused:  # a 503 with Retry-After, not a 500: nothing failed
+        await answer(a, ask())
+    assert refused.value.headers == {"Retry-After": "1"} and "was stopped" in refused.value.message
