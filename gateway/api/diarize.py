@@ -39,7 +39,7 @@ async def diarize(request: Request, body: RawBody,
     entry = services.model_for(data.model, CAPABILITY)
     accounting = services.accounting(entry.id, caller_of(request), None)
     if not (data.audio or "").strip():  # warm-up: load the model, answer null (not counted)
-        await accounting.guard(services.worker(entry))
+        await accounting.guard(services.worker(entry, claim=False))
         return Response(content=b"null", media_type=MediaType.JSON)
     audio = await accounting.guard(load_media(data.audio or "", field="audio", limits=services.media))
     worker = await accounting.guard(services.worker(entry))

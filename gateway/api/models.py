@@ -44,7 +44,7 @@ async def load_model(body: RawBody, services: NamedDependency[Services]) -> Mode
     """Load now (idempotent: an already loaded worker is only given the new keep_alive)."""
     data = read_json(body, LoadRequest)
     entry = services.store.resolve(data.model)
-    await services.worker(entry, nctx=data.nctx, compute=data.compute, keep_alive=data.keep_alive)
+    await services.worker(entry, nctx=data.nctx, compute=data.compute, keep_alive=data.keep_alive, claim=False)
     return _model(entry, services.pool)
 
 

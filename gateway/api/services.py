@@ -84,16 +84,17 @@ class Services:
 
     async def worker(self, entry: ModelEntry, *, nctx: int | None = None, compute: str | None = None,
                      ngl: int | None = None, keep_alive: float | None = None,
-                     prompt_chars: int = 0, draft_path: str = "") -> WorkerHandle:  # fmt: skip
+                     prompt_chars: int = 0, draft_path: str = "", claim: bool = True) -> WorkerHandle:  # fmt: skip
         """The worker for this model and these per-request settings, started if need be; the
         request's log lines name it from here on. A request that asks for more context than it
-        may, or whose prompt (`prompt_chars` of text) cannot fit, is refused before any load."""
+        may, or whose prompt (`prompt_chars` of text) cannot fit, is refused before any load.
+        `claim`: false for a load that sends the worker nothing (see WorkerHandle.claim)."""
         nctx = nctx or None  # 0: the server's default, as absent
         key = self.pool.key_for(entry, nctx, compute, ngl)
         if nctx is not None:
             check_nctx(nctx, entry, self.settings.max_nctx)
         check_prompt_chars(prompt_chars, key.nctx)
-        worker = await self.pool.get(key, entry)
+        worker = await self.pool.get(key, entry, claim=claim)
         self.pool.add_draft(worker, draft_path)
         structlog.contextvars.bind_contextvars(model=entry.id, worker_pid=worker.pid)
         if keep_alive is not None:
