@@ -108,8 +108,10 @@ check: install-test
 	$(VENV)/bin/ruff format --check gateway workers protocol tests bench
 	$(VENV)/bin/mypy
 
+# Two pytest-xdist workers: most of a test's time is a server starting or a model loading, so two
+# at once take about 70% of the time one does, even on two cores (tests/conftest.py groups them).
 test: install-test bytecode check
-	$(PY) -m pytest -q --durations=25
+	$(PY) -m pytest -q -n 2 --dist loadgroup --durations=25
 
 bench: install-test bytecode
 	$(PY) bench/bench.py

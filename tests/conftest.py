@@ -10,6 +10,29 @@ from tests.server_proc import ServerProcess, serving
 
 MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct:Q4_1"
 
+# `make test` runs the suite on two pytest-xdist workers (-n 2 --dist loadgroup). A module is one
+# group, so that its server fixture starts once; the modules that share the converted NPU graph
+# (tests/npu_models.converted, 15 s and 650 MB) are one group; and the slowest groups are handed
+# out first, so that neither worker is left alone with a long one at the end.
+SHARED_GROUPS = dict.fromkeys(("test_npu_convert", "test_npu_engine", "test_npu_chat", "test_npu_cache"), "npu")
+SLOWEST_FIRST = ("test_soak", "npu", "test_lifecycle", "test_speculative", "test_prompt_cache", "test_fuzz")
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    def group(item: pytest.Item) -> str:
+        return SHARED_GROUPS.get(item.path.stem, item.nodeid.split("::")[0])
+
+    for item in items:
+        item.add_marker(pytest.mark.xdist_group(group(item)))
+
+    def rank(item: pytest.Item) -> int:
+        name = SHARED_GROUPS.get(item.path.stem, item.path.stem)
+        return SLOWEST_FIRST.index(name) if name in SLOWEST_FIRST else len(SLOWEST_FIRST)
+
+    items.sort(key=rank)  # stable: each module's own order is kept
+
+
 # A tool's JSON schema the dialect tests share: small enough that a 135M model, forced to call
 # it, always fills it in validly.
 WEATHER_PARAMETERS = {
