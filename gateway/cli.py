@@ -85,7 +85,8 @@ def _add_serve(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> argp
     a("--certfile", type=Path, default=None, help="serve HTTPS with this PEM certificate (chain); needs --keyfile")
     a("--keyfile", type=Path, default=None, help="the certificate's PEM private key")
     a("--max-connections", type=int, default=512,
-      help="open HTTP connections at most; beyond it new ones get 503 at once")  # fmt: skip
+      help="requests served at once (health probes aside); beyond it a request gets 503 with Retry-After "
+           "at once, and connections beyond twice this are refused")  # fmt: skip
     a("--max-body", dest="max_body_mb", type=int, default=32,
       help="MiB a request body may hold (images and audio travel inside it); larger is a 413")  # fmt: skip
     a("--max-nctx", type=int, default=0,
@@ -283,7 +284,9 @@ def _serve(args: argparse.Namespace) -> int:
         # In-flight requests have finished (or run out of time) before uvicorn is told to stop.
         timeout_graceful_shutdown=2,
         server_header=False,
-        limit_concurrency=settings.max_connections,
+        # Requests beyond --max-connections get a JSON 503 from DrainMiddleware; uvicorn's own
+        # refusal (plain text) is only the backstop against a flood of idle kept-alive connections.
+        limit_concurrency=2 * settings.max_connections,
         ssl_certfile=settings.certfile,
         ssl_keyfile=settings.keyfile,
     )

@@ -243,7 +243,7 @@ def create_app(settings: Settings, lifecycle: Lifecycle | None = None, keys: Key
             DefineMiddleware(
                 ApiKeyAuth, keys=keys, limiter=limiter, metrics_open=not settings.metrics_key, web_open=settings.webui
             ),
-            DefineMiddleware(DrainMiddleware, lifecycle=lifecycle),
+            DefineMiddleware(DrainMiddleware, lifecycle=lifecycle, max_requests=settings.max_connections),
         ],
         cors_config=cors,
         exception_handlers={

@@ -64,9 +64,13 @@ class Lifecycle:
 
 
 class DrainMiddleware:
-    def __init__(self, app: ASGIApp, lifecycle: Lifecycle) -> None:
+    """Admission: refuses new work while draining, and beyond `max_requests` at once (the
+    operator's --max-connections), in the route's error shape with `Retry-After`; probes pass."""
+
+    def __init__(self, app: ASGIApp, lifecycle: Lifecycle, max_requests: int) -> None:
         self.app = app
         self.drain = lifecycle
+        self.max_requests = max_requests
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope["path"] in OPEN_PATHS:
@@ -75,6 +79,10 @@ class DrainMiddleware:
         if self.drain.draining and cast("HTTPScope", scope)["method"] != "GET":
             await send_error(send, scope["path"], 503, "the server is shutting down; retry on another instance or in "
                              "a moment", [(b"retry-after", b"5"), (b"connection", b"close")])  # fmt: skip
+            return
+        if self.drain.inflight >= self.max_requests:
+            await send_error(send, scope["path"], 503, f"the server is answering {self.drain.inflight} requests, "
+                             "its limit (--max-connections); retry shortly", [(b"retry-after", b"1")])  # fmt: skip
             return
         self.drain.inflight += 1
         try:

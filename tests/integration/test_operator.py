@@ -180,3 +180,25 @@ def test_worker_nice_is_still_configurable(start) -> None:  # type: ignore[no-un
     base = os.getpriority(os.PRIO_PROCESS, 0)
     assert _nices(workers(srv)[0]["pid"]) == {min(19, base + 10)}
     assert psutil.Process(srv.proc.pid).nice() == base  # the gateway itself is untouched
+
+
+def test_requests_beyond_max_connections_get_a_json_503_and_probes_still_answer(start) -> None:  # type: ignore[no-untyped-def]
+    srv = start("--nctx", "512", "--max-connections", "2")
+    client = client_for(srv)
+    no_end = {"0": -100, "2": -100}  # SmolLM2's end tokens: the streams run until closed
+    streams = [client.chat.completions.create(model=MODEL, messages=LONG, stream=True, max_tokens=400,
+                                              logit_bias=no_end) for _ in range(2)]  # fmt: skip
+    for s in streams:
+        next(iter(s))
+    refused = httpx.post(f"{srv.base_url}/v1/chat/completions", json={"model": MODEL, "messages": LONG}, timeout=10)
+    assert refused.status_code == 503 and "--max-connections" in refused.json()["error"], refused.text
+    assert refused.headers["retry-after"] == "1"
+    assert httpx.get(f"{srv.base_url}/health", timeout=10).status_code == 200
+    for s in streams:
+        s.close()
+    wait = time.monotonic() + 30
+    while (r := httpx.post(f"{srv.base_url}/v1/chat/completions", timeout=30,
+                           json={"model": MODEL, "messages": LONG, "max_tokens": 1})).status_code == 503:  # fmt: skip
+        assert time.monotonic() < wait, r.text  # the closed streams' requests end on the server
+        time.sleep(0.1)
+    assert r.status_code == 200, r.text
