@@ -95,7 +95,7 @@ class Services:
             check_nctx(nctx, entry, self.settings.max_nctx)
         check_prompt_chars(prompt_chars, key.nctx)
         worker = await self.pool.get(key, entry, claim=claim)
-        self.pool.add_draft(worker, draft_path)
+        await self.pool.add_draft(worker, draft_path)
         structlog.contextvars.bind_contextvars(model=entry.id, worker_pid=worker.pid)
         if keep_alive is not None:
             worker.keepalive = keep_alive

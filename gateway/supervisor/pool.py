@@ -241,13 +241,25 @@ class WorkerPool:
                  parallel=ready.parallel, n_ctx=ready.n_ctx, estimate_mb=need >> 20, cpu_features=ready.cpu_features)  # fmt: skip
         return handle
 
-    def add_draft(self, handle: WorkerHandle, path: str) -> None:
+    async def add_draft(self, handle: WorkerHandle, path: str) -> None:
         """A draft model the worker loads for a request, counted in its memory from then on (it
-        stays loaded for the worker's life; the worker holds a few at most)."""
-        if path and path not in handle.drafts and len(handle.drafts) < MAX_DRAFT_MODELS:
+        stays loaded for the worker's life; the worker holds a few at most). Room is made for it
+        as for a worker: idle workers are evicted, least recently used first; when even that
+        would not do, a 503 rather than a machine out of memory."""
+        if not path or path in handle.drafts or len(handle.drafts) >= MAX_DRAFT_MODELS:
+            return
+        need = estimate_worker_bytes(path, handle.key.nctx * handle.spec.parallel)
+        async with self._start_lock:
+            available = self._available_bytes()
+            others = [r for r in self._residents() if r.slug != handle.key.slug]
+            plan = plan_evictions(others, need_bytes=need, available_bytes=available, max_loaded=0)
+            if plan is None:
+                raise Overloaded(f"the draft model needs about {need >> 20} MiB but only {max(available, 0) >> 20} MiB "
+                                 "is free, and no idle model can make room; retry later, or without it",
+                                 retry_after=30)  # fmt: skip
+            await self._evict(plan)
             handle.drafts.add(path)
-            kv_tokens = handle.key.nctx * handle.spec.parallel
-            self._estimates[handle.key] = self._estimates.get(handle.key, 0) + estimate_worker_bytes(path, kv_tokens)
+            self._estimates[handle.key] = self._estimates.get(handle.key, 0) + need
 
     def _residents(self) -> list[Resident]:
         return [

@@ -19,6 +19,7 @@ from gateway.models.store import ModelEntry
 from gateway.ops.metrics import Metrics
 from gateway.ops.settings import Settings
 from gateway.supervisor.handle import WorkerHandle
+from gateway.supervisor.memory import estimate_worker_bytes
 from gateway.supervisor.pool import WorkerPool
 from gateway.supervisor.states import State
 from protocol.wire import Done, Generate, Started
@@ -268,3 +269,20 @@ async def test_a_claim_never_used_lapses_and_a_stopped_worker_asks_for_a_retry(
     with pytest.raises(Overloaded) as refused:  # a 503 with Retry-After, not a 500: nothing failed
         await answer(a, ask())
     assert refused.value.headers == {"Retry-After": "1"} and "was stopped" in refused.value.message
+
+
+async def test_a_draft_model_makes_room_as_a_worker_does_or_is_a_503(
+    make_pool: MakePool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pool = make_pool()
+    idle = await worker(pool, fake_model(tmp_path, "idle", tokens=2))
+    await answer(idle, ask())
+    target = await worker(pool, fake_model(tmp_path, "target", tokens=2))  # claimed by its request
+    draft = fake_model(tmp_path, "draft").path
+    need = estimate_worker_bytes(draft, target.key.nctx * target.spec.parallel)
+    monkeypatch.setattr(pool, "_available_bytes", lambda: need - 1)  # one byte short: `idle` must go
+    await pool.add_draft(target, draft)
+    assert draft in target.drafts and idle.state is State.STOPPED and target.state is State.READY
+    with pytest.raises(Overloaded, match="draft model needs about"):  # nothing idle left to evict
+        await pool.add_draft(target, fake_model(tmp_path, "draft2").path)
+    assert target.state is State.READY and len(target.drafts) == 1
