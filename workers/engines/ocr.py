@@ -48,11 +48,10 @@ from rapidocr.ch_ppocr_det import TextDetector
 from rapidocr.ch_ppocr_rec import TextRecognizer
 from rapidocr.utils.output import RapidOCROutput
 
-from protocol import qnn
 from protocol.cv import MAX_IMAGE_PIXELS, MAX_TALL_RATIO, MAX_WIDE_RATIO
 from protocol.wire import PROTOCOL_VERSION, Done, ErrorKind, Failed, Ready, Recognize, TextRegion, TextRegions
 from workers.engines import Emit, EngineError, EngineOptions
-from workers.engines.onnx import CPU, QNN, nodes_by_provider, qnn_options, register_qnn
+from workers.engines.onnx import CPU, QNN, nodes_by_provider, npu_devices, qnn_options
 
 log = structlog.get_logger("worker.ocr")
 
@@ -191,13 +190,9 @@ class OcrEngine:
         return ort.InferenceSession(str(path), sess_options=so)
 
     def _start_npu(self) -> None:
-        if (why := qnn.unavailable_reason()) is not None:  # no NPU here, and the simulator is not enabled
+        self._npu_devices, why = npu_devices()
+        if why is not None:
             log.warning("npu unavailable; running on cpu", reason=why)
-            return
-        try:
-            self._npu_devices = register_qnn()
-        except EngineError as exc:
-            log.warning("npu unavailable; running on cpu", reason=exc.message)
             return
         self._profile_dir = tempfile.mkdtemp(prefix="geniex-ocr-")
         self.compute = "npu"

@@ -137,6 +137,17 @@ def register_qnn() -> list[Any]:
     return devices
 
 
+def npu_devices() -> tuple[list[Any], str | None]:
+    """The QNN devices a session can run on, or ([], why not): the simulator rule first
+    (protocol/qnn.py: no NPU here, and the simulator not enabled), then the plugin itself."""
+    if (why := qnn.unavailable_reason()) is not None:
+        return [], why
+    try:
+        return register_qnn(), None
+    except EngineError as exc:
+        return [], exc.message
+
+
 def nodes_by_provider(profile_file: str) -> dict[str, int]:
     """Graph nodes per execution provider in an onnxruntime profile (a QNN partition counts as one)."""
     try:
@@ -223,14 +234,10 @@ class OnnxEngine(QueuedEngine):
         return ort.InferenceSession(str(self.model_file), sess_options=so)
 
     def _start_npu(self) -> None:
-        if (why := qnn.unavailable_reason()) is not None:  # no NPU here, and the simulator is not enabled
-            log.warning("npu unavailable; running on cpu", reason=why)
-            return
         """Switch to QNN if it takes the model; otherwise stay on the CPU, and say why."""
-        try:
-            self._npu_devices = register_qnn()
-        except EngineError as exc:
-            log.warning("npu unavailable; running on cpu", reason=exc.message)
+        self._npu_devices, why = npu_devices()
+        if why is not None:
+            log.warning("npu unavailable; running on cpu", reason=why)
             return
         first = self.session.get_inputs()[0].shape
         if len(first) == 2 and all(isinstance(d, str) for d in first):

@@ -31,7 +31,6 @@ import llama_cpp as L
 import numpy as np
 import structlog
 
-from protocol import qnn
 from protocol.npu_cache import NPU_DIR
 from protocol.wire import (
     PROTOCOL_VERSION,
@@ -164,17 +163,13 @@ class NpuChatEngine(VocabTokens):
         """On QNN; or, with `cpu_threads` > 0, the same graph on onnxruntime's CPU EP (the tests of
         this engine's request handling, which need no simulator)."""
         t0 = time.perf_counter()
-        from workers.engines.onnx import qnn_options, register_qnn  # the QNN plugin, registered once
+        from workers.engines.onnx import npu_devices, qnn_options  # the QNN plugin, registered once
 
         devices: list[Any] = []
         if not cpu_threads:
-            reason = qnn.unavailable_reason()
-            if reason is not None:
-                raise NpuUnavailable(reason)
-            try:
-                devices = register_qnn()
-            except EngineError as exc:
-                raise NpuUnavailable(exc.message) from None
+            devices, why = npu_devices()
+            if why is not None:
+                raise NpuUnavailable(why)
         try:
             folder = cached_or_convert(opts.model_path, cache_dir(opts), progress=lambda m: log.info(m))
         except ConversionError as exc:
