@@ -23,27 +23,44 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+# A port drawn by free_port() is free when drawn, not when the server binds it: another test
+# process (make test runs two) may take it in between. Then the server exits saying so, and
+# wait_ready starts it again on another port, this many times at most.
+PORT_RETRIES = 3
+PORT_TAKEN = "the address is already in use"
+
+
 class ServerProcess:
     def __init__(self, data_dir: Path, *args: str, env: dict[str, str] | None = None) -> None:
-        self.port = free_port()
         self.data_dir = data_dir
+        self._args = args
+        self._env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
         # With --certfile, the certificate is also what clients trust (the tests' own, self-signed).
         self.verify: ssl.SSLContext | bool = (
             ssl.create_default_context(cafile=args[args.index("--certfile") + 1]) if "--certfile" in args else True
         )
-        self.base_url = f"{'https' if '--certfile' in args else 'http'}://127.0.0.1:{self.port}"
-        self.log_path = data_dir / f"server-{self.port}.log"
         data_dir.mkdir(parents=True, exist_ok=True)
+        self._spawn()
+
+    def _spawn(self) -> None:
+        self.port = free_port()
+        self.base_url = f"{'https' if '--certfile' in self._args else 'http'}://127.0.0.1:{self.port}"
+        self.log_path = self.data_dir / f"server-{self.port}.log"
         cmd = [sys.executable, "-m", "gateway.cli", "serve", "--host", f"127.0.0.1:{self.port}",
-               "--data-dir", str(data_dir), *args]  # fmt: skip
-        full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
+               "--data-dir", str(self.data_dir), *self._args]  # fmt: skip
         self._log = open(self.log_path, "wb")
-        self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, env=full_env)
+        self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, env=self._env)
 
     def wait_ready(self, timeout: float = 60.0) -> None:
         deadline = time.monotonic() + timeout
+        retries = PORT_RETRIES
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
+                if retries and PORT_TAKEN in self.log():
+                    retries -= 1
+                    self._log.close()
+                    self._spawn()
+                    continue
                 raise RuntimeError(f"server exited with {self.proc.returncode}:\n{self.log()}")
             try:
                 if httpx.get(f"{self.base_url}/ready", timeout=1, verify=self.verify).status_code == 200:

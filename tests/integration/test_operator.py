@@ -54,6 +54,28 @@ def test_a_busy_port_is_one_clear_error_before_anything_is_announced(tmp_path: P
     assert "geniex serving" not in out and "Traceback" not in out
 
 
+def test_a_test_server_whose_port_was_taken_starts_again_on_another(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """tests/server_proc: with two test processes, a drawn port can be taken before the server binds it."""
+    import tests.server_proc as server_proc
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        busy = taken.getsockname()[1]
+        draws = iter([busy])
+        real = server_proc.free_port
+        monkeypatch.setattr(server_proc, "free_port", lambda: next(draws, 0) or real())
+        srv = server_proc.ServerProcess(tmp_path / "data")
+        try:
+            srv.wait_ready()
+            assert srv.port != busy and httpx.get(f"{srv.base_url}/health", timeout=10).status_code == 200
+            assert "already in use" in (tmp_path / "data" / f"server-{busy}.log").read_text()
+        finally:
+            srv.stop()
+
+
 def test_unread_environment_variables_are_warned_about(tmp_path: Path) -> None:
     srv = ServerProcess(tmp_path / "data", env={"GENIEX_NTCX": "8192", "GENIEX_DATA_DIR": str(tmp_path / "data")})
     try:
