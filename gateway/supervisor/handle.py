@@ -409,6 +409,8 @@ class WorkerHandle:
             pass  # a dead worker is reported by the watcher, with its real cause
 
     def _admit(self, log_id: str) -> tuple[int, _Pending]:
+        if self._claims:  # the request has reached its worker, whether admitted or refused below
+            self._claims.popleft()
         if self._refusal is not None:
             raise Overloaded(self._refusal, retry_after=5)
         if self.state in (State.STOPPING, State.STOPPED):  # evicted, idle or unloaded: not a fault
@@ -423,8 +425,6 @@ class WorkerHandle:
                 f"{self.spec.max_queue} queued); retry shortly"
             )
         req_id = next(self._ids)
-        if self._claims:
-            self._claims.popleft()
         became_busy = not self._queues
         pending = self._queues[req_id] = _Pending(log_id)
         if became_busy:
