@@ -64,6 +64,12 @@ def inflight(server: ServerProcess) -> int:
     return sum(w["inflight"] for w in table["data"])
 
 
+def capabilities(server: ServerProcess) -> set[str]:
+    """What the installed models can do, as /v1/models says."""
+    models = httpx.get(server.base_url + "/v1/models", timeout=10).json()["data"]
+    return {c for m in models for c in m["capabilities"]}
+
+
 def send(page: Any, text: str, max_tokens: int, extra: str = "") -> Any:
     page.evaluate("document.querySelector('details.more').open = true")  # the settings, closed after a reload
     page.fill("#max-tokens", str(max_tokens))
@@ -211,8 +217,7 @@ def test_the_operations_page_lists_the_worker_with_its_pid(web: Browsing, server
 
 
 def test_try_it_shows_a_panel_per_installed_capability(web: Browsing, server: ServerProcess) -> None:
-    models = httpx.get(server.base_url + "/v1/models", timeout=10).json()["data"]
-    have = {c for m in models for c in m["capabilities"]}
+    have = capabilities(server)
     page = web.page()
     page.goto(web.base_url + "/try")
     page.wait_for_function("() => [...document.querySelectorAll('select.model')].some((s) => s.options.length)"
@@ -224,8 +229,7 @@ def test_try_it_shows_a_panel_per_installed_capability(web: Browsing, server: Se
 
 
 def test_the_speech_panel_plays_what_the_server_made(web: Browsing, server: ServerProcess) -> None:
-    models = httpx.get(server.base_url + "/v1/models", timeout=10).json()["data"]
-    if not any("speech" in m["capabilities"] for m in models):
+    if "speech" not in capabilities(server):
         pytest.skip("no speech model installed (make speech-voice)")
     page = web.page()
     page.goto(web.base_url + "/try")
@@ -257,8 +261,7 @@ def test_the_embeddings_and_rerank_panels_answer(web: Browsing) -> None:
 
 
 def test_the_transcription_panel_posts_the_file_as_a_form(web: Browsing, server: ServerProcess) -> None:
-    models = httpx.get(server.base_url + "/v1/models", timeout=10).json()["data"]
-    if not any("transcription" in m["capabilities"] for m in models):
+    if "transcription" not in capabilities(server):
         pytest.skip("no transcription model installed (make audio-stt)")
     page = web.page()
     page.goto(web.base_url + "/try")

@@ -24,6 +24,7 @@ from tests.integration.test_lifecycle import (
     client_for,
     gguf_path,
     import_copy,
+    wait_for,
     workers,
 )
 from tests.server_proc import ServerProcess, free_port
@@ -218,9 +219,11 @@ def test_requests_beyond_max_connections_get_a_json_503_and_probes_still_answer(
     assert httpx.get(f"{srv.base_url}/health", timeout=10).status_code == 200
     for s in streams:
         s.close()
-    wait = time.monotonic() + 30
-    while (r := httpx.post(f"{srv.base_url}/v1/chat/completions", timeout=30,
-                           json={"model": MODEL, "messages": LONG, "max_tokens": 1})).status_code == 503:  # fmt: skip
-        assert time.monotonic() < wait, r.text  # the closed streams' requests end on the server
-        time.sleep(0.1)
+
+    def served() -> httpx.Response | None:  # once the closed streams' requests have ended on the server
+        r = httpx.post(f"{srv.base_url}/v1/chat/completions", json={"model": MODEL, "messages": LONG, "max_tokens": 1},
+                       timeout=30)  # fmt: skip
+        return r if r.status_code != 503 else None
+
+    r = wait_for(served, timeout=30, what="a request served again")
     assert r.status_code == 200, r.text

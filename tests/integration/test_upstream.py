@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import threading
-import time
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -27,6 +26,7 @@ import pytest
 from tests.conftest import MODEL as SMOLLM
 from tests.conftest import WEATHER_PARAMETERS
 from tests.embedding_models import ONNX_MODEL, data_dir_with_models, geniex
+from tests.integration.test_lifecycle import wait_for
 from tests.server_proc import ServerProcess, free_port, serving
 
 UP_KEY = "sk-upstream-credential-7f3a9c51"  # the upstream's key: only our server holds it
@@ -154,17 +154,6 @@ def worker_row(srv: ServerProcess, key: str, model: str) -> dict:  # type: ignor
     return rows[0]
 
 
-def until(check, what: str, timeout: float = 60.0):  # type: ignore[no-untyped-def]
-    """Poll `check` until it returns something truthy (no timed assertion: the bound only stops a hang)."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = check()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError(f"never happened: {what}")
-
-
 HI = [{"role": "user", "content": "Name three colours."}]
 
 
@@ -241,13 +230,19 @@ def test_cancel_reaches_the_upstream(ours: ServerProcess, upstream: ServerProces
             if '"content":"' in line and '"content":""' not in line:
                 break  # the answer is under way: leave
     # The upstream stops decoding when we close its stream: nothing in flight, far fewer tokens than asked.
-    row = until(lambda: (w := worker_row(upstream, UP_KEY, SMOLLM))["inflight"] == 0 and w, "upstream idle")
+    row = wait_for(
+        lambda: (w := worker_row(upstream, UP_KEY, SMOLLM))["inflight"] == 0 and w, timeout=60, what="upstream idle"
+    )
     assert 0 < row["tokens_generated"] - before < LONG
-    assert until(lambda: worker_row(ours, OUR_KEY, f"{CHAT}:default")["inflight"] == 0, "our worker idle")
+    assert wait_for(
+        lambda: worker_row(ours, OUR_KEY, f"{CHAT}:default")["inflight"] == 0, timeout=60, what="our worker idle"
+    )
 
 
 def test_workers_and_metrics_show_the_upstream(ours: ServerProcess, upstream: ServerProcess) -> None:
-    row = until(lambda: (w := worker_row(ours, OUR_KEY, f"{CHAT}:default"))["upstream"] and w, "a probe")
+    row = wait_for(
+        lambda: (w := worker_row(ours, OUR_KEY, f"{CHAT}:default"))["upstream"] and w, timeout=60, what="a probe"
+    )
     assert (row["engine"], row["compute"]) == ("upstream", "remote")
     assert row["upstream"]["healthy"] is True and row["upstream"]["url"] == f"{upstream.base_url}/v1"
     metrics = get(ours, "/metrics", OUR_KEY).text
@@ -261,7 +256,9 @@ def test_upstream_not_started_is_502(ours: ServerProcess) -> None:
     assert r.status_code == 502, r.text
     assert "127.0.0.1:" in r.json()["error"] and "unreachable" in r.json()["error"]
     # The worker's probe sees it too; other models, local ones included, still serve.
-    row = until(lambda: (w := worker_row(ours, OUR_KEY, f"{DOWN}:default"))["upstream"] and w, "a probe")
+    row = wait_for(
+        lambda: (w := worker_row(ours, OUR_KEY, f"{DOWN}:default"))["upstream"] and w, timeout=60, what="a probe"
+    )
     assert row["upstream"]["healthy"] is False and row["upstream"]["detail"].startswith("unreachable")
     assert get(ours, "/ready", OUR_KEY).status_code == 200
     local = post(ours, "/v1/chat/completions", model=SMOLLM, messages=HI, max_tokens=2)
@@ -293,8 +290,8 @@ def test_full_queue_is_503(ours: ServerProcess) -> None:
     try:
         for t in threads:
             t.start()
-        until(lambda: (w := [x for x in get(ours, "/v1/workers", OUR_KEY).json()["data"]
-                             if x["model"] == f"{NARROW}:default"]) and w[0]["inflight"] == 3, "three in flight")  # fmt: skip
+        wait_for(lambda: (w := [x for x in get(ours, "/v1/workers", OUR_KEY).json()["data"]
+                             if x["model"] == f"{NARROW}:default"]) and w[0]["inflight"] == 3, timeout=60, what="three in flight")  # fmt: skip
         r = post(ours, "/v1/chat/completions", model=NARROW, messages=HI, max_tokens=2)
         assert r.status_code == 503 and "at capacity" in r.json()["error"] and r.headers["retry-after"]
     finally:
