@@ -37,9 +37,15 @@ class ToolUseBlock(msgspec.Struct, tag_field="type", tag="tool_use"):
     input: dict[str, Any]
 
 
+class ToolReferenceBlock(msgspec.Struct, tag_field="type", tag="tool_reference"):
+    """A tool search's result: the named tool is loaded (here, every tool is offered from the start)."""
+
+    tool_name: Annotated[str, Meta(max_length=128)]
+
+
 class ToolResultBlock(msgspec.Struct, tag_field="type", tag="tool_result", kw_only=True):
     tool_use_id: str
-    content: str | list[TextBlock | ImageBlock | DocumentBlock] | None = None
+    content: str | list[TextBlock | ImageBlock | DocumentBlock | ToolReferenceBlock] | None = None
     is_error: bool = False
 
 
@@ -63,7 +69,8 @@ OutputBlock = ThinkingBlock | TextBlock | ToolUseBlock
 
 
 class InputMessage(msgspec.Struct):
-    role: Literal["user", "assistant"]
+    # `system`: Claude Code (2.1.3xx) adds a system turn among the messages; read as `system` is.
+    role: Literal["user", "assistant", "system"]
     content: str | list[InputBlock]
 
 
@@ -72,7 +79,10 @@ class ToolDef(msgspec.Struct, kw_only=True):
     description: str | None = None
     input_schema: dict[str, Any] | None = None
     # "custom" or absent; Anthropic's server tools (`bash_20250124`, `web_search_...`) carry another.
-    type: str | None = None
+    type: Annotated[str, Meta(max_length=64)] | None = None
+    # Shown to the model only once a tool search loads it, at Anthropic; offered from the start
+    # here (no tool search runs here), so the model can call it.
+    defer_loading: bool = False
 
 
 class ToolChoiceAuto(msgspec.Struct, tag_field="type", tag="auto"):

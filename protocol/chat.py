@@ -124,6 +124,7 @@ class ChatRequest(GenerationRequest, kw_only=True):
     # Accepted so that clients sending them get a clear answer, not a silent ignore.
     tools: Annotated[list[Tool], Meta(max_length=MAX_TOOLS)] | None = None
     tool_choice: str | dict[str, Any] | None = None
+    parallel_tool_calls: bool | None = None  # false: an answer holds at most one call (the first)
     response_format: dict[str, Any] | None = None
     grammar_string: str | None = None
     grammar_path: str | None = None

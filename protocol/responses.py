@@ -2,7 +2,7 @@
 
 Only the wire shapes live here; `gateway/chat/responses.py` translates them to and from the chat
 plan, so there is one decode path. Unknown fields are ignored (clients send `include`,
-`truncation`, `prompt_cache_key`, `service_tier` and more); known ones are validated, so a bad
+`truncation`, `service_tier`, `client_metadata` and more); known ones are validated, so a bad
 value is a 400 naming the field. Items, parts and formats are tagged by their `type`, as OpenAI
 spells them.
 
@@ -69,6 +69,7 @@ class FunctionCallItem(msgspec.Struct, tag_field="type", tag="function_call", kw
     call_id: Annotated[str, Meta(min_length=1, max_length=256)]
     name: str
     arguments: str
+    namespace: str | None = None  # the call of a function offered in a `namespace` tool
     id: str | None = None
     status: ItemStatus | None = None
 
@@ -76,6 +77,8 @@ class FunctionCallItem(msgspec.Struct, tag_field="type", tag="function_call", kw
 class FunctionCallOutputItem(msgspec.Struct, tag_field="type", tag="function_call_output", kw_only=True):
     call_id: Annotated[str, Meta(min_length=1, max_length=256)]
     output: str | list[ContentPart]
+    name: str | None = None  # the call's, as clients may repeat them: the call_id is what is read
+    namespace: str | None = None
     id: str | None = None
     status: ItemStatus | None = None
 
@@ -103,24 +106,40 @@ InputItem = MessageItem | FunctionCallItem | FunctionCallOutputItem | ReasoningI
 # ---- the request -------------------------------------------------------------
 
 
-class FunctionTool(msgspec.Struct, kw_only=True):
-    """A tool as the Responses API spells it: flat, `{type, name, description, parameters, strict}`.
+# A name as OpenAI allows it for functions (and as this server spells a namespaced function to
+# the model: `namespace.name`, so neither part may hold a dot).
+ToolName = Annotated[str, Meta(pattern=r"^[A-Za-z0-9_-]{1,64}$")]
 
-    `type` is a plain string so that OpenAI's hosted tools (`web_search`, `file_search`, ...) are
-    a 400 saying this server runs function tools only, not a decoding error."""
+
+class NamespaceMember(msgspec.Struct, kw_only=True):
+    """A tool inside a `namespace` tool: a function (`custom` ones are not offered, see the README)."""
 
     type: str
-    name: Annotated[str, Meta(min_length=1, max_length=128)] | None = None
+    name: ToolName
     description: str | None = None
     parameters: dict[str, Any] | None = None
     strict: bool | None = None
 
 
-class ToolChoiceFunction(msgspec.Struct, tag_field="type", tag="function"):
-    name: str
+class RequestTool(msgspec.Struct, kw_only=True):
+    """A tool as the Responses API spells it: a flat function tool `{type: "function", name,
+    description, parameters, strict}`, a `namespace` of function tools `{type: "namespace", name,
+    description, tools}`, or one of OpenAI's hosted tools (`web_search`, `file_search`, ...), which
+    is not offered to the model (gateway/chat/responses.py). `type` is a plain string so that a
+    hosted tool, known or not, reaches that rule rather than a decoding error; a hosted tool's own
+    fields are not read."""
+
+    type: Annotated[str, Meta(max_length=64)]
+    name: Annotated[str, Meta(min_length=1, max_length=128)] | None = None
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+    tools: Annotated[list[NamespaceMember], Meta(max_length=MAX_TOOLS)] | None = None  # a namespace's
 
 
-ToolChoice = Literal["auto", "none", "required"] | ToolChoiceFunction
+# `tool_choice` is read in gateway/chat/responses.py: the modes, `{type: "function", name}`,
+# `{type: "allowed_tools", mode, tools}`, and a hosted tool's `{type: ...}` (a 400 naming it).
+ToolChoice = Literal["auto", "none", "required"] | dict[str, Any]
 
 
 class FormatText(msgspec.Struct, tag_field="type", tag="text"):
@@ -167,7 +186,7 @@ class ResponsesRequest(msgspec.Struct, kw_only=True):
     # converted one by one (see the module's docstring). Bounded as chat bounds `messages`.
     input: str | Annotated[list[dict[str, Any]], Meta(max_length=MAX_MESSAGES)]
     instructions: str | None = None
-    tools: Annotated[list[FunctionTool], Meta(max_length=MAX_TOOLS)] | None = None
+    tools: Annotated[list[RequestTool], Meta(max_length=MAX_TOOLS)] | None = None
     tool_choice: ToolChoice | None = None
     parallel_tool_calls: bool = True
     max_output_tokens: PositiveInt | None = None
@@ -180,6 +199,9 @@ class ResponsesRequest(msgspec.Struct, kw_only=True):
     store: bool = True
     previous_response_id: Annotated[str, Meta(max_length=256)] | None = None
     metadata: Metadata | None = None
+    # The prompt-cache tenant within the caller's key (Codex sends its session's id): a cached
+    # prefix is reused only by requests with the same key, as with `cache_salt`.
+    prompt_cache_key: Annotated[str, Meta(max_length=256)] | None = None
     # GenieX extensions, as on chat completions
     nctx: Count | None = None  # 0 or absent: the server's --nctx, as on chat
     compute: Compute | None = None
@@ -197,17 +219,18 @@ class OutputMessage(msgspec.Struct, tag_field="type", tag="message", kw_only=Tru
     content: list[OutputText]
 
 
-class FunctionCall(msgspec.Struct, tag_field="type", tag="function_call", kw_only=True):
+class FunctionCall(msgspec.Struct, tag_field="type", tag="function_call", kw_only=True, omit_defaults=True):
     id: str
     call_id: str
     name: str
     arguments: str
     status: ItemStatus
+    namespace: str | None = None  # set for a function of a `namespace` tool; `name` is then its own
 
 
 class Reasoning(msgspec.Struct, tag_field="type", tag="reasoning", kw_only=True):
-    """A model's own reasoning text goes in `content` (as gpt-oss's does); `summary` stays empty,
-    since nothing summarises it."""
+    """A model's own reasoning text goes in `content` (as gpt-oss's does); `summary` holds the same
+    text when the request asks for a summary (`reasoning.summary`): nothing shortens it."""
 
     id: str
     summary: list[SummaryText] = msgspec.field(default_factory=list)
@@ -248,13 +271,6 @@ class ResponseError(msgspec.Struct):
     message: str
 
 
-class FunctionToolOut(msgspec.Struct, tag_field="type", tag="function", kw_only=True):
-    name: str
-    parameters: dict[str, Any] | None = None
-    strict: bool | None = None
-    description: str | None = None
-
-
 class Response(msgspec.Struct, kw_only=True):
     """The response object, with the request's settings echoed as the SDKs' types expect them."""
 
@@ -276,7 +292,9 @@ class Response(msgspec.Struct, kw_only=True):
     temperature: float | None = None
     text: TextConfig = msgspec.field(default_factory=TextConfig)
     tool_choice: ToolChoice = "auto"
-    tools: list[FunctionToolOut] = msgspec.field(default_factory=list)
+    # The tools the model was offered (function and namespace tools), as the request spelled them:
+    # a hosted tool this server does not run is left out here, as it was from the prompt.
+    tools: list[dict[str, Any]] = msgspec.field(default_factory=list)
     top_p: float | None = None
     truncation: Literal["disabled"] = "disabled"
     usage: Usage | None = None
@@ -384,6 +402,38 @@ class ReasoningDone(msgspec.Struct, tag_field="type", tag="response.reasoning_te
     text: str
 
 
+class SummaryPartAdded(msgspec.Struct, tag_field="type", tag="response.reasoning_summary_part.added"):
+    sequence_number: int
+    item_id: str
+    output_index: int
+    summary_index: int
+    part: SummaryText
+
+
+class SummaryDelta(msgspec.Struct, tag_field="type", tag="response.reasoning_summary_text.delta"):
+    sequence_number: int
+    item_id: str
+    output_index: int
+    summary_index: int
+    delta: str
+
+
+class SummaryDone(msgspec.Struct, tag_field="type", tag="response.reasoning_summary_text.done"):
+    sequence_number: int
+    item_id: str
+    output_index: int
+    summary_index: int
+    text: str
+
+
+class SummaryPartDone(msgspec.Struct, tag_field="type", tag="response.reasoning_summary_part.done"):
+    sequence_number: int
+    item_id: str
+    output_index: int
+    summary_index: int
+    part: SummaryText
+
+
 class ArgumentsDelta(msgspec.Struct, tag_field="type", tag="response.function_call_arguments.delta"):
     sequence_number: int
     item_id: str
@@ -407,5 +457,6 @@ class ErrorEvent(msgspec.Struct, tag_field="type", tag="error", kw_only=True):
 
 StreamEvent = (
     Created | InProgress | Completed | Incomplete | Failed | ItemAdded | ItemDone | PartAdded | PartDone | TextDelta
-    | TextDone | ReasoningDelta | ReasoningDone | ArgumentsDelta | ArgumentsDone | ErrorEvent
+    | TextDone | ReasoningDelta | ReasoningDone | SummaryPartAdded | SummaryDelta | SummaryDone | SummaryPartDone
+    | ArgumentsDelta | ArgumentsDone | ErrorEvent
 )  # fmt: skip

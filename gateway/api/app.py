@@ -46,6 +46,7 @@ from gateway.api.lifecycle import DrainMiddleware, Lifecycle
 from gateway.api.request_id import RequestIdMiddleware
 from gateway.api.services import Services, provide_services
 from gateway.chat.response_store import ResponseStore
+from gateway.chat.responses_tools import NOT_OFFERED_HEADER
 from gateway.errors import GenieXError
 from gateway.models.store import ModelStore
 from gateway.ops.keys import KeyFileError, KeyRing
@@ -136,7 +137,7 @@ def _reload_keys_on_sighup(keys: KeyRing) -> None:
             asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, reload)
 
 
-CORS_EXPOSED = ["Retry-After", "X-Request-Id"]
+CORS_EXPOSED = ["Retry-After", "X-Request-Id", NOT_OFFERED_HEADER]
 
 
 def allowed_hosts(settings: Settings) -> frozenset[str] | None:

@@ -22,8 +22,9 @@ from gateway.api.chat import KEEP_CACHE_HEADER, header_true
 from gateway.api.disconnect import unless_disconnected
 from gateway.api.request_id import current_request_id
 from gateway.api.services import Services
-from gateway.chat.anthropic import chat_request, image_fields, message_of
+from gateway.chat.anthropic import chat_request, image_fields, message_of, not_offered
 from gateway.chat.convert import plan_chat, prompt_chars
+from gateway.chat.responses_tools import not_offered_headers
 from gateway.chat.shape import ChoiceShaper
 from gateway.errors import EngineFailure
 from protocol import anthropic as a
@@ -35,6 +36,7 @@ async def create_message(request: Request, body: RawBody,
                          services: NamedDependency[Services]) -> Response[a.Message] | ServerSentEvent:  # fmt: skip
     data = read_json(body, a.MessagesRequest)
     req = chat_request(data)
+    headers = not_offered_headers(not_offered(data.tools))
     entry = services.model_for(data.model, "chat")
     images = await services.images(req.messages, entry, fields=image_fields(data))
     plan = plan_chat(req, current_request_id() or "", services.store, services.settings.grammar_dirs,
@@ -47,10 +49,10 @@ async def create_message(request: Request, body: RawBody,
     stream = relay.fan_out(worker, plan.generations())
     if not data.stream:
         answer = await completion.guard(unless_disconnected(request, relay.collect(completion, [shaper], stream)))
-        return Response(message_of(answer, completion.dones[0].stop_sequence))
+        return Response(message_of(answer, completion.dones[0].stop_sequence), headers=headers)
     # The first message decides the status: a refused prompt is a 400, not a broken stream.
     first = await completion.guard(anext(stream))
-    return ServerSentEvent(sse(completion, shaper, first, stream))
+    return ServerSentEvent(sse(completion, shaper, first, stream), headers=headers)
 
 
 @post("/v1/messages/count_tokens", status_code=200)

@@ -27,8 +27,9 @@ from gateway.api.services import Services
 from gateway.chat import response_store
 from gateway.chat.convert import plan_chat, prompt_chars
 from gateway.chat.response_store import ResponseStore, Stored
-from gateway.chat.responses import answer_message, chat_request, image_fields, skeleton
+from gateway.chat.responses import answer_message, chat_request, image_fields, skeleton, wants_summary
 from gateway.chat.responses_events import OutputStream
+from gateway.chat.responses_tools import not_offered_headers
 from gateway.chat.shape import ChoiceShaper
 from gateway.errors import NotFound
 from protocol import chat
@@ -78,7 +79,9 @@ async def create_response(request: Request, body: RawBody,
     history: list[chat.ChatMessage] = []
     if data.previous_response_id is not None:
         history = _stored(services.responses, request, data.previous_response_id, "previous_response_id").conversation
-    req, conversation = chat_request(data, history)
+    translated = chat_request(data, history)
+    req, conversation, tools = translated.request, translated.conversation, translated.tools
+    headers = not_offered_headers(tools.not_offered)
     entry = services.model_for(data.model, "chat")
     # Everything about the request is checked before a model is loaded for it.
     images = await services.images(req.messages, entry, fields=image_fields(data))
@@ -93,7 +96,8 @@ async def create_response(request: Request, body: RawBody,
     shaper = ChoiceShaper(0, plan.shape, worker.ready_info.tool_format if worker.ready_info else "")
     sampling = plan.generate.sampling
     response_id = "resp_" + completion.id.rpartition("-")[2]
-    out = OutputStream(skeleton(data, response_id, completion.created, entry.id, sampling.temperature, sampling.top_p))
+    response = skeleton(data, tools, response_id, completion.created, entry.id, sampling.temperature, sampling.top_p)
+    out = OutputStream(response, tools, summary=wants_summary(data))
 
     def keep(response: r.Response) -> None:
         if data.store:
@@ -103,10 +107,10 @@ async def create_response(request: Request, body: RawBody,
     if not data.stream:
         answer = await completion.guard(unless_disconnected(request, _collect(completion, shaper, out, stream)))
         keep(answer)
-        return Response(answer)
+        return Response(answer, headers=headers)
     # The first message decides the status: a refused prompt is a 400, not a broken stream.
     first = await completion.guard(anext(stream))
-    return ServerSentEvent(sse(completion, shaper, out, first, stream, keep))
+    return ServerSentEvent(sse(completion, shaper, out, first, stream, keep), headers=headers)
 
 
 @get("/v1/responses/{response_id:str}")

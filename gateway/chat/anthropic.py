@@ -43,7 +43,9 @@ def _tool_result(where: str, b: a.ToolResultBlock) -> chat.ChatMessage:
     else:
         texts: list[a.TextBlock] = []
         for j, part in enumerate(content):
-            if not isinstance(part, a.TextBlock):
+            if isinstance(part, a.ToolReferenceBlock):
+                part = a.TextBlock(f"Tool loaded: {part.tool_name}")
+            elif not isinstance(part, a.TextBlock):
                 raise BadRequest(
                     f"`{where}.content[{j}]`: " + _ONLY_USER_IMAGES.format(kind=part.__struct_config__.tag)
                 )
@@ -138,48 +140,80 @@ def _assistant_turn(i: int, blocks: list[a.InputBlock]) -> chat.ChatMessage:
                             reasoning_content="\n".join(thinking) or None)  # fmt: skip
 
 
+def _system_turn(i: int, content: str | list[a.InputBlock]) -> str:
+    if isinstance(content, str):
+        return content
+    for j, b in enumerate(content):
+        if not isinstance(b, a.TextBlock):
+            raise BadRequest(f"`messages[{i}].content[{j}]`: a system turn holds text blocks only")
+    return _text_of(content)  # type: ignore[arg-type]
+
+
 def _messages(req: a.MessagesInput) -> list[chat.ChatMessage]:
-    out = _system(req.system)
+    # A system turn among the messages joins the system prompt: chat templates place a system
+    # message first (some refuse one elsewhere), and a prefix that stays put keeps the prompt cache.
+    system = _system(req.system)
+    out: list[chat.ChatMessage] = []
     for i, m in enumerate(req.messages):
         if not m.content and not isinstance(m.content, str):
             raise BadRequest(f"`messages[{i}].content`: a turn needs at least one content block")
-        if isinstance(m.content, str):
+        if m.role == "system":
+            system.append(chat.ChatMessage(role="system", content=_system_turn(i, m.content)))
+        elif isinstance(m.content, str):
             out.append(chat.ChatMessage(role=m.role, content=m.content))
         elif m.role == "user":
             out.extend(_user_turn(i, m.content))
         else:
             out.append(_assistant_turn(i, m.content))
-    return out
+    if len(system) > 1:
+        system = [chat.ChatMessage(role="system", content="\n\n".join(str(m.content) for m in system))]
+    return [*system, *out]
+
+
+def offered(tools: list[a.ToolDef] | None) -> list[tuple[int, a.ToolDef]]:
+    """The custom tools, which the model is offered, with their places in `tools`. Anthropic's own
+    tools (server tools such as `web_search_20250305` or `code_execution_...`, and the schema-less
+    client tools such as `bash_20250124`) are not: they are named by `not_offered`, and the
+    request is served with the rest, as on /v1/responses (gateway/chat/responses_tools.py)."""
+    return [(i, t) for i, t in enumerate(tools or []) if t.type in (None, "custom")]
+
+
+def not_offered(tools: list[a.ToolDef] | None) -> list[str]:
+    return [
+        f"{t.type} ({t.name[:64]}, tools[{i}])" for i, t in enumerate(tools or []) if t.type not in (None, "custom")
+    ]
 
 
 def _tools(tools: list[a.ToolDef] | None) -> list[chat.Tool] | None:
-    if not tools:
-        return None
     out = []
-    for i, t in enumerate(tools):
-        if t.type not in (None, "custom"):
-            raise BadRequest(f"`tools[{i}].type`: {t.type!r} is one of Anthropic's server tools; this server runs "
-                             "custom tools only (`name`, `description`, `input_schema`)")  # fmt: skip
+    for i, t in offered(tools):
         if t.input_schema is None:
             raise BadRequest(f"`tools[{i}].input_schema`: a required field is missing")
         schema = bounded_schema(t.input_schema, f"tools[{i}].input_schema")
         if not fits_wire(schema):
             raise BadRequest(f"`tools[{i}].input_schema`: holds an integer beyond 64 bits or nests too deeply")
         out.append(chat.Tool(function=chat.FunctionDef(name=t.name, description=t.description, parameters=schema)))
-    return out
+    return out or None
 
 
 def _tool_choice(choice: a.ToolChoice | None, tools: list[a.ToolDef] | None) -> str | dict[str, Any] | None:
     if choice is None:
         return None
-    if not tools:
-        if isinstance(choice, a.ToolChoiceAny | a.ToolChoiceTool):
-            raise BadRequest(f"`tool_choice`: {choice.__struct_config__.tag!r} needs `tools`")
-        return None  # auto or none, with nothing to choose from: plain text either way
+    names = {t.name for _, t in offered(tools)}
     if isinstance(choice, a.ToolChoiceTool):
-        if choice.name not in {t.name for t in tools}:
-            raise BadRequest(f"`tool_choice.name`: no tool named {choice.name[:128]!r} in `tools`")
+        if choice.name not in names:
+            found = next((t for t in tools or [] if t.name == choice.name), None)
+            why = (
+                "no tool has it"
+                if found is None
+                else f"it is Anthropic's {found.type!r}, which this server does not run"
+            )
+            raise BadRequest(f"`tool_choice.name`: {choice.name[:128]!r}: {why}")
         return {"type": "function", "function": {"name": choice.name}}
+    if not names:
+        if isinstance(choice, a.ToolChoiceAny):
+            raise BadRequest("`tool_choice`: 'any' needs a custom tool in `tools`")
+        return None  # auto or none, with nothing to choose from: plain text either way
     return {"auto": "auto", "any": "required", "none": "none"}[choice.__struct_config__.tag]  # type: ignore[index]
 
 
@@ -218,6 +252,7 @@ def chat_request(req: a.MessagesInput) -> chat.ChatRequest:
         messages=_messages(req),
         tools=_tools(req.tools),
         tool_choice=_tool_choice(req.tool_choice, req.tools),
+        parallel_tool_calls=False if getattr(req.tool_choice, "disable_parallel_tool_use", False) else None,
         # Anthropic models think only when asked; templates that read the flag (Qwen3 and the like)
         # are told so either way, and asked-for reasoning comes back split into thinking blocks.
         enable_think=thinks,

@@ -143,6 +143,7 @@ class Shape(msgspec.Struct, frozen=True):
     """How the relay turns the worker's text into OpenAI output for this request."""
 
     tools: frozenset[str] | None = None  # parse tool calls among these names; None: no tools
+    one_call: bool = False  # `parallel_tool_calls: false`: calls after the first are dropped
     reasoning: bool = False  # split <think> / analysis channels into reasoning_content
     logprobs: bool = False
 
@@ -156,7 +157,9 @@ def shape_of(req: ChatRequest) -> Shape:
     names = frozenset(t.function.name for t in req.tools or []) if tools != "none" else None
     # The spec: reasoning_format is ignored for tool-call requests.
     reasoning = splits_reasoning(req.reasoning_format) and names is None
-    return Shape(tools=names, reasoning=reasoning, logprobs=bool(req.logprobs))
+    return Shape(
+        tools=names, one_call=req.parallel_tool_calls is False, reasoning=reasoning, logprobs=bool(req.logprobs)
+    )
 
 
 class ChatPlan(msgspec.Struct, frozen=True):

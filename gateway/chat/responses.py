@@ -13,7 +13,7 @@ from typing import Any
 import msgspec
 
 from gateway.chat.constraints import bounded_schema
-from gateway.chat.convert import fits_wire
+from gateway.chat.responses_tools import Toolset, seen_name, tool_choice, toolset
 from gateway.errors import BadRequest
 from protocol import chat
 from protocol import responses as r
@@ -136,8 +136,8 @@ class _Turns:
             self.reasoning.append("\n".join(p.text for p in parts))
         elif isinstance(item, r.FunctionCallItem):
             self.assistant("call")
-            self.calls.append(chat.ToolCall(id=item.call_id,
-                                            function=chat.FunctionCall(name=item.name, arguments=item.arguments)))  # fmt: skip
+            self.calls.append(chat.ToolCall(id=item.call_id, function=chat.FunctionCall(
+                name=seen_name(item.name, item.namespace), arguments=item.arguments)))  # fmt: skip
         else:
             self.flush()
             text = _text_of(f"{where}.output", item.output)
@@ -164,8 +164,8 @@ def answer_message(output: list[r.OutputItem]) -> chat.ChatMessage:
             turns.text.append("".join(p.text for p in item.content))
         else:
             turns.assistant("call")
-            turns.calls.append(chat.ToolCall(id=item.call_id,
-                                             function=chat.FunctionCall(name=item.name, arguments=item.arguments)))  # fmt: skip
+            turns.calls.append(chat.ToolCall(id=item.call_id, function=chat.FunctionCall(
+                name=seen_name(item.name, item.namespace), arguments=item.arguments)))  # fmt: skip
     if turns.last < 0:  # an answer with no output at all is still one (empty) turn
         turns.assistant("text")
     turns.flush()
@@ -173,39 +173,6 @@ def answer_message(output: list[r.OutputItem]) -> chat.ChatMessage:
 
 
 # ---- settings --------------------------------------------------------------------
-
-
-def _tools(tools: list[r.FunctionTool] | None) -> list[chat.Tool] | None:
-    if not tools:
-        return None
-    out = []
-    for i, t in enumerate(tools):
-        if t.type != "function":
-            raise BadRequest(f"`tools[{i}].type`: {t.type[:64]!r} is one of OpenAI's hosted tools; this server "
-                             "runs function tools only (`type: function`, `name`, `parameters`)")  # fmt: skip
-        if t.name is None:
-            raise BadRequest(f"`tools[{i}].name`: a required field is missing")
-        schema = None if t.parameters is None else bounded_schema(t.parameters, f"tools[{i}].parameters")
-        if not fits_wire(schema):
-            raise BadRequest(f"`tools[{i}].parameters`: holds an integer beyond 64 bits or nests too deeply")
-        out.append(chat.Tool(function=chat.FunctionDef(name=t.name, description=t.description, parameters=schema,
-                                                       strict=t.strict)))  # fmt: skip
-    return out
-
-
-def _tool_choice(choice: r.ToolChoice | None, tools: list[chat.Tool] | None) -> str | dict[str, Any] | None:
-    if choice is None:
-        return None
-    forced = isinstance(choice, r.ToolChoiceFunction) or choice == "required"
-    if not tools:
-        if forced:
-            raise BadRequest("`tool_choice`: `required` or a named function needs `tools`")
-        return None  # auto or none, with nothing to choose from: plain text either way
-    if isinstance(choice, r.ToolChoiceFunction):
-        if choice.name not in {t.function.name for t in tools}:
-            raise BadRequest(f"`tool_choice.name`: no function named {choice.name[:128]!r} in `tools`")
-        return {"type": "function", "function": {"name": choice.name}}
-    return choice
 
 
 def _response_format(text: r.TextConfig | None) -> dict[str, Any] | None:
@@ -219,6 +186,11 @@ def _response_format(text: r.TextConfig | None) -> dict[str, Any] | None:
     return None
 
 
+def wants_summary(req: r.ResponsesRequest) -> bool:
+    """Whether reasoning items carry their text as a summary too (`reasoning.summary`)."""
+    return req.reasoning is not None and (req.reasoning.summary or req.reasoning.generate_summary) is not None
+
+
 def _thinks(reasoning: r.ReasoningConfig | None) -> bool | None:
     """Whether the template is told to think: `effort: none` says no, another effort yes;
     without `reasoning`, the template's own default."""
@@ -227,23 +199,38 @@ def _thinks(reasoning: r.ReasoningConfig | None) -> bool | None:
     return reasoning.effort != "none"
 
 
-def chat_request(req: r.ResponsesRequest, history: list[chat.ChatMessage]) -> tuple[chat.ChatRequest, list[chat.ChatMessage]]:  # fmt: skip
+class Translation(msgspec.Struct, kw_only=True):
+    """A Responses request as this server runs it."""
+
+    request: chat.ChatRequest
+    conversation: list[chat.ChatMessage]  # without `instructions`: what a later request continues from
+    tools: Toolset
+
+
+def _cache_salt(req: r.ResponsesRequest) -> str | None:
+    """`prompt_cache_key` narrows the caller's prompt cache as `cache_salt` does (both: each)."""
+    if req.prompt_cache_key is None:
+        return req.cache_salt
+    return f"{req.cache_salt or ''}\0{req.prompt_cache_key}"
+
+
+def chat_request(req: r.ResponsesRequest, history: list[chat.ChatMessage]) -> Translation:
     """The chat request a Responses request means, after `history` (the conversation of its
-    `previous_response_id`), and the conversation without `instructions`: what a later request
-    continues from. Instructions are not carried over, as at OpenAI."""
+    `previous_response_id`). Instructions are not carried over, as at OpenAI."""
     conversation = [*history, *chat_messages(input_items(req.input))]
     system = [chat.ChatMessage(role="system", content=req.instructions)] if req.instructions else []
-    tools = _tools(req.tools)
-    choice = _tool_choice(req.tool_choice, tools)
+    tools = toolset(req.tools)
+    choice = tool_choice(req.tool_choice, tools)
     response_format = _response_format(req.text)
-    if response_format is not None and tools and choice is not None and choice not in ("auto", "none"):
+    if response_format is not None and tools.chat and choice is not None and choice not in ("auto", "none"):
         # Both would constrain the output with a grammar, and one answer follows one grammar.
         raise BadRequest("`text.format`, `tool_choice`: only one output constraint per request")
     chat_req = chat.ChatRequest(
         model=req.model,
         messages=[*system, *conversation],
-        tools=tools,
+        tools=tools.chat,
         tool_choice=choice,
+        parallel_tool_calls=req.parallel_tool_calls,
         max_completion_tokens=req.max_output_tokens,
         temperature=req.temperature,
         top_p=req.top_p,
@@ -257,20 +244,18 @@ def chat_request(req: r.ResponsesRequest, history: list[chat.ChatMessage]) -> tu
         nctx=req.nctx,
         compute=req.compute,
         keep_alive=req.keep_alive,
-        cache_salt=req.cache_salt,
+        cache_salt=_cache_salt(req),
     )
-    return chat_req, conversation
+    return Translation(request=chat_req, conversation=conversation, tools=tools)
 
 
 # ---- the response --------------------------------------------------------------
 
 
-def skeleton(req: r.ResponsesRequest, response_id: str, created_at: int, model: str,
+def skeleton(req: r.ResponsesRequest, tools: Toolset, response_id: str, created_at: int, model: str,
              temperature: float, top_p: float) -> r.Response:  # fmt: skip
     """The response before any output: the request's settings echoed (`temperature`, `top_p`: the
-    values sampling uses)."""
-    tools = [r.FunctionToolOut(name=t.name or "", parameters=t.parameters, strict=t.strict, description=t.description)
-             for t in req.tools or []]  # fmt: skip
+    values sampling uses; `tools`: those offered to the model)."""
     return r.Response(
         id=response_id,
         created_at=created_at,
@@ -286,7 +271,7 @@ def skeleton(req: r.ResponsesRequest, response_id: str, created_at: int, model: 
         temperature=temperature,
         text=req.text or r.TextConfig(),
         tool_choice=req.tool_choice or "auto",
-        tools=tools,
+        tools=tools.echo,
         top_p=top_p,
         user=req.user,
         metadata=req.metadata or {},

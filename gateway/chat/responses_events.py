@@ -13,14 +13,19 @@ import time
 import msgspec
 
 from gateway.chat.responses import new_id, usage_of
+from gateway.chat.responses_tools import Toolset
 from protocol import chat
 from protocol import responses as r
 
 
 class OutputStream:
-    def __init__(self, response: r.Response) -> None:
-        """`response`: the skeleton (id, model, the request's settings), status in_progress."""
+    def __init__(self, response: r.Response, tools: Toolset | None = None, summary: bool = False) -> None:
+        """`response`: the skeleton (id, model, the request's settings), status in_progress;
+        `tools`: how a call's name splits into namespace and name; `summary`: the reasoning is
+        also given as its summary (`reasoning.summary` asked for one)."""
         self.response = response
+        self.tools = tools or Toolset()
+        self.summary = summary
         self.seq = 0
         self.items: list[r.OutputItem] = []  # closed items
         self.kind = ""  # the open item: "reasoning", "message" or "function_call"; "": none
@@ -58,12 +63,13 @@ class OutputStream:
         elif kind == "reasoning":
             self.item_id = new_id("rs")
             out.append(r.ItemAdded(self._n(), i, r.Reasoning(id=self.item_id, status="in_progress")))
+            if self.summary:
+                out.append(r.SummaryPartAdded(self._n(), self.item_id, i, 0, r.SummaryText(text="")))
             out.append(r.PartAdded(self._n(), self.item_id, i, 0, r.ReasoningText(text="")))
         else:
             self.item_id = "fc_" + call_id.removeprefix("call_")
             self.call_id, self.name = call_id, name
-            item = r.FunctionCall(id=self.item_id, call_id=call_id, name=name, arguments="", status="in_progress")
-            out.append(r.ItemAdded(self._n(), i, item))
+            out.append(r.ItemAdded(self._n(), i, self._call("", "in_progress")))
 
     def _close(self, status: r.ItemStatus, out: list[r.StreamEvent]) -> None:
         if not self.kind:
@@ -79,13 +85,22 @@ class OutputStream:
         elif self.kind == "reasoning":
             out.append(r.ReasoningDone(self._n(), self.item_id, i, 0, text))
             out.append(r.PartDone(self._n(), self.item_id, i, 0, r.ReasoningText(text)))
-            item = r.Reasoning(id=self.item_id, content=[r.ReasoningText(text)], status=status)
+            summary = [r.SummaryText(text)] if self.summary else []
+            if summary:
+                out.append(r.SummaryDone(self._n(), self.item_id, i, 0, text))
+                out.append(r.SummaryPartDone(self._n(), self.item_id, i, 0, summary[0]))
+            item = r.Reasoning(id=self.item_id, summary=summary, content=[r.ReasoningText(text)], status=status)
         else:
             out.append(r.ArgumentsDone(self._n(), self.item_id, i, text))
-            item = r.FunctionCall(id=self.item_id, call_id=self.call_id, name=self.name, arguments=text, status=status)
+            item = self._call(text, status)
         out.append(r.ItemDone(self._n(), i, item))
         self.items.append(item)
         self.kind = ""
+
+    def _call(self, arguments: str, status: r.ItemStatus) -> r.FunctionCall:
+        namespace, name = self.tools.split(self.name)
+        return r.FunctionCall(id=self.item_id, call_id=self.call_id, name=name, namespace=namespace,
+                              arguments=arguments, status=status)  # fmt: skip
 
     # ---- pieces ------------------------------------------------------------------
 
@@ -107,6 +122,8 @@ class OutputStream:
                 self._open("reasoning", out)
             self.chunks.append(delta.reasoning_content)
             out.append(r.ReasoningDelta(self._n(), self.item_id, self.index, 0, delta.reasoning_content))
+            if self.summary:
+                out.append(r.SummaryDelta(self._n(), self.item_id, self.index, 0, delta.reasoning_content))
         if delta.content:
             out.extend(self.text(delta.content))
         for call in delta.tool_calls or []:

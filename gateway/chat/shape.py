@@ -43,6 +43,7 @@ class ChoiceShaper:
         self.plain = shape.plain
         self.splitter = ReasoningSplitter() if shape.reasoning else None
         self.parser = ToolCallStream(shape.tools, tool_format) if shape.tools is not None else None
+        self.max_calls = 1 if shape.one_call else None
         self.content: list[str] = []
         self.reasoning: list[str] = []
         self.call_ids: list[str] = []
@@ -76,6 +77,8 @@ class ChoiceShaper:
         if events is not None:  # the parser decides what of `content` is content
             content = ""
             for ev in events:
+                if not isinstance(ev, ContentDelta) and self.max_calls is not None and ev.index >= self.max_calls:
+                    continue  # a call the request did not allow (`parallel_tool_calls: false`)
                 if isinstance(ev, ContentDelta):
                     content += ev.text
                 elif isinstance(ev, CallStart):
@@ -112,7 +115,7 @@ class ChoiceShaper:
         calls = None
         if self.parser is not None and self.parser.calls:
             calls = [chat.ToolCall(id=self.call_ids[i], function=chat.FunctionCall(name=c.name, arguments=c.arguments))
-                     for i, c in enumerate(self.parser.calls)]  # fmt: skip
+                     for i, c in enumerate(self.parser.calls[:self.max_calls])]  # fmt: skip
         content = "".join(self.content)
         reasoning = "".join(self.reasoning) or None
         return chat.AssistantMessage(role="assistant", content=content if content or not calls else None,

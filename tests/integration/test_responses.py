@@ -17,6 +17,7 @@ import pydantic
 import pytest
 from openai.types.responses import Response, ResponseStreamEvent
 
+from tests import codex_request
 from tests.conftest import MODEL, WEATHER_PARAMETERS
 from tests.server_proc import ServerProcess
 
@@ -222,7 +223,8 @@ def test_errors_name_the_field_and_keep_the_servers_shape(client: openai.OpenAI,
     cases: list[tuple[dict[str, Any], str]] = [
         ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "data:image/png;base64,AAAA"}]}]},
          "input[0].content[0]"),
-        ({"input": HI, "tools": [{"type": "web_search"}]}, "tools[0].type"),
+        ({"input": HI, "tools": [WEATHER, {"type": "web_search"}], "tool_choice": {"type": "web_search"}},
+         "tool_choice.type"),
         ({"input": HI, "tools": [WEATHER], "tool_choice": {"type": "function", "name": "nope"}}, "tool_choice.name"),
         ({"input": HI, "tool_choice": "required"}, "tool_choice"),
         ({"input": [{"type": "item_reference", "id": "msg_1"}]}, "input[0].type"),
@@ -237,8 +239,9 @@ def test_errors_name_the_field_and_keep_the_servers_shape(client: openai.OpenAI,
         assert r.status_code == 400, (body, r.text)
         assert named in r.json()["error"], (named, r.json())
     with pytest.raises(openai.BadRequestError) as bad:
-        client.responses.create(model=MODEL, input=HI, previous_response_id=None, tools=[{"type": "file_search"}])  # type: ignore[list-item]
-    assert "function tools only" in _error(bad.value)
+        client.responses.create(model=MODEL, input=HI, tools=[{"type": "file_search", "vector_store_ids": ["vs_1"]}],
+                                tool_choice={"type": "file_search"})  # fmt: skip
+    assert "'file_search', a tool this server does not run" in _error(bad.value)
     with pytest.raises(openai.NotFoundError) as nf:
         client.responses.retrieve("resp_nope")
     assert "resp_nope" in _error(nf.value)
@@ -296,3 +299,80 @@ def test_with_keys_each_key_sees_only_its_own_responses(start, tmp_path: Path) -
     with pytest.raises(openai.NotFoundError):
         bob.responses.delete(r.id)
     alice.responses.delete(r.id)
+
+
+# ---- what agent CLIs send: Codex 0.171's request, namespaces, hosted tools ---------------------
+
+
+def test_codex_0171s_request_is_answered_streamed_and_not(client: openai.OpenAI, server: ServerProcess) -> None:
+    body = codex_request.request(MODEL)
+    events = raw_events(server, {**body, "temperature": 0, "max_output_tokens": 24})
+    done = events[-1]["response"]
+    assert events[-1]["type"] in ("response.completed", "response.incomplete"), events[-1]
+    # the hosted web search was not offered, and the response's tools say which were
+    offered = [(t["type"], t["name"]) for t in done["tools"]]
+    assert ("namespace", "multi_agent_v1") in offered and all(kind != "web_search" for kind, _ in offered)
+    assert len(offered) == 8 and done["store"] is False
+    r = httpx.post(f"{server.base_url}/v1/responses", json={**body, "stream": False, "max_output_tokens": 24},
+                   timeout=120)  # fmt: skip
+    assert r.status_code == 200, r.text
+    assert r.headers["GenieX-Tools-Not-Offered"] == "web_search (tools[8])"
+    Response.model_validate(r.json())
+    # the SDK's stream helper, given the same fields, parses every event into its types
+    kw = {k: v for k, v in body.items() if k not in ("stream", "client_metadata")}
+    with client.responses.stream(**kw, extra_body={"client_metadata": body["client_metadata"]},
+                                 temperature=0, max_output_tokens=24) as s:  # fmt: skip
+        kinds = [e.type for e in s]
+        final = s.get_final_response()
+    assert kinds[0] == "response.created" and final.status in ("completed", "incomplete")
+
+
+NAMESPACED = {"tools": [WEATHER, {"type": "namespace", "name": "weather_v2", "description": "Forecasts.",
+                                  "tools": [{**WEATHER, "name": "get_weather"}]}]}  # fmt: skip
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_forced_namespaced_call_comes_back_namespaced_and_continues(client: openai.OpenAI, stream: bool) -> None:
+    kw: dict[str, Any] = {"input": "Weather in Paris?", **NAMESPACED, "temperature": 0, "max_output_tokens": 60,
+                          "tool_choice": {"type": "function", "name": "weather_v2.get_weather"}}  # fmt: skip
+    if stream:
+        with client.responses.stream(model=MODEL, **kw) as s:
+            events = list(s)
+            r = s.get_final_response()
+        added = [e.item for e in events if e.type == "response.output_item.added" and e.item.type == "function_call"]
+        assert [(i.name, i.namespace) for i in added] == [("get_weather", "weather_v2")]  # type: ignore[union-attr]
+    else:
+        r = client.responses.create(model=MODEL, **kw)
+    (call,) = [o for o in r.output if o.type == "function_call"]
+    assert (call.name, call.namespace) == ("get_weather", "weather_v2"), "the namespaced function, not the top one"
+    jsonschema.validate(json.loads(call.arguments), WEATHER["parameters"])
+    # the client runs it and sends back the call and its output (stateless, as Codex does)
+    history = [{"role": "user", "content": "Weather in Paris?"}, call.model_dump(exclude_none=True),
+               {"type": "function_call_output", "call_id": call.call_id, "output": "22 degrees, sunny"}]  # fmt: skip
+    after = client.responses.create(model=MODEL, input=history, **NAMESPACED, store=False, **GREEDY)
+    assert after.status in ("completed", "incomplete") and after.output_text
+    assert after.usage is not None and after.usage.input_tokens > r.usage.input_tokens  # type: ignore[union-attr]
+
+
+def test_hostile_tools_are_400s_naming_the_tool_and_nothing_breaks(server: ServerProcess) -> None:
+    spawn = {"type": "function", "name": "spawn", "parameters": {"type": "object"}}
+    cases: list[tuple[list[dict[str, Any]], str]] = [
+        ([{"type": "namespace", "name": "n", "tools": [{**spawn, "name": f"f{i}"} for i in range(10_000)]}],
+         "tools[0].tools"),
+        ([{"type": "namespace", "name": "n", "tools": [{"type": "namespace", "name": "m", "tools": [spawn]}]}],
+         "tools[0].tools[0].type"),
+        ([{"type": "namespace", "name": "n\u0000x", "tools": [spawn]}], "tools[0].name"),
+        ([{"type": "namespace", "name": "n", "tools": [spawn]}, {**spawn, "name": "n.spawn"}], "tools[1].name"),
+        ([{"type": "h" * 100_000}], "tools[0].type"),
+    ]  # fmt: skip
+    for tools, named in cases:
+        r = httpx.post(
+            f"{server.base_url}/v1/responses", json={"model": MODEL, "input": HI, "tools": tools}, timeout=60
+        )
+        assert r.status_code == 400, (named, r.text[:300])
+        assert named in r.json()["error"], (named, r.json())
+    # an unknown tool type is served without it, and named
+    r = httpx.post(f"{server.base_url}/v1/responses", timeout=60, json={"model": MODEL, "input": HI,
+                   "tools": [spawn, {"type": "holodeck_2031"}], "max_output_tokens": 4})  # fmt: skip
+    assert r.status_code == 200 and r.headers["GenieX-Tools-Not-Offered"] == "holodeck_2031 (tools[1])"
+    assert httpx.get(f"{server.base_url}/health", timeout=10).status_code == 200

@@ -17,6 +17,7 @@ from gateway.chat.anthropic import (
     chat_request,
     image_fields,
     message_of,
+    not_offered,
     stop_reason,
     tool_input,
 )
@@ -102,7 +103,9 @@ def test_tool_choice_maps_to_the_chat_choice(choice: dict[str, Any], expected: o
     [
         ({"tools": [WEATHER], "tool_choice": {"type": "tool", "name": "nope"}}, "`tool_choice.name`"),
         ({"tool_choice": {"type": "any"}}, "`tool_choice`"),
-        ({"tools": [{"name": "bash", "type": "bash_20250124"}]}, "`tools[0].type`"),
+        ({"tools": [WEATHER, {"name": "web_search", "type": "web_search_20250305"}],
+          "tool_choice": {"type": "tool", "name": "web_search"}}, "`tool_choice.name`"),
+        ({"tools": [{"name": "bash", "type": "bash_20250124"}], "tool_choice": {"type": "any"}}, "`tool_choice`"),
         ({"tools": [{"name": "f"}]}, "`tools[0].input_schema`"),
         ({"messages": [{"role": "user", "content": []}]}, "`messages[0].content`"),
         ({"tools": [WEATHER], "tool_choice": {"type": "any"},
@@ -299,3 +302,42 @@ def test_image_blocks_become_image_url_parts_in_their_order() -> None:
     ]
     assert image_fields(req) == ["messages[2].content[1]", "messages[2].content[4]"]
     assert chat_request(request()).messages[0].content == "hi", "text-only turns stay plain strings"
+
+
+def test_anthropics_own_tools_are_not_offered_and_are_named() -> None:
+    tools = [WEATHER, {"name": "web_search", "type": "web_search_20250305", "max_uses": 5},
+             {"name": "bash", "type": "bash_20250124"}]  # fmt: skip
+    r = chat_request(request(tools=tools))
+    assert [t.function.name for t in r.tools or []] == ["weather"]
+    assert not_offered(msgspec.convert(tools, list[a.ToolDef])) == [
+        "web_search_20250305 (web_search, tools[1])", "bash_20250124 (bash, tools[2])"]  # fmt: skip
+    only = chat_request(request(tools=tools[1:], tool_choice={"type": "auto"}))
+    assert only.tools is None and only.tool_choice is None, "nothing left to offer: a plain answer"
+
+
+def test_disable_parallel_tool_use_allows_one_call() -> None:
+    r = chat_request(request(tools=[WEATHER], tool_choice={"type": "auto", "disable_parallel_tool_use": True}))
+    assert r.parallel_tool_calls is False
+    assert chat_request(request(tools=[WEATHER])).parallel_tool_calls is None
+
+
+def test_a_system_turn_among_the_messages_joins_the_system_prompt() -> None:
+    r = chat_request(request(system="You help.", messages=[
+        {"role": "user", "content": "hi"},
+        {"role": "system", "content": [{"type": "text", "text": "Today is Monday.", "cache_control": {"type": "ephemeral"}}]},
+    ]))  # fmt: skip
+    assert [(m.role, m.content) for m in r.messages] == [("system", "You help.\n\nToday is Monday."), ("user", "hi")]
+    with pytest.raises(BadRequest, match=re.escape("`messages[0].content[0]`")):
+        chat_request(request(messages=[{"role": "system", "content": [{"type": "tool_result", "tool_use_id": "t"}]}]))
+
+
+def test_a_deferred_tool_is_offered_and_a_tool_reference_read() -> None:
+    deferred = {**WEATHER, "name": "later", "defer_loading": True}
+    r = chat_request(request(tools=[WEATHER, deferred], messages=[
+        {"role": "user", "content": "find a tool"},
+        {"role": "assistant", "content": [{"type": "tool_use", "id": "toolu_1", "name": "ToolSearch", "input": {}}]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1",
+                                      "content": [{"type": "tool_reference", "tool_name": "later"}]}]},
+    ]))  # fmt: skip
+    assert [t.function.name for t in r.tools or []] == ["weather", "later"]
+    assert r.messages[-1].role == "tool" and r.messages[-1].content == "Tool loaded: later"

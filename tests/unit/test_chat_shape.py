@@ -44,6 +44,20 @@ def test_tool_call_pieces_and_message_agree() -> None:
     assert s.finish_reason("stop") == "tool_calls" and s.finish_reason("length") == "length"
 
 
+def test_one_call_keeps_the_first_call_only() -> None:
+    text = ('<tool_call>{"name": "f", "arguments": {"q": 1}}</tool_call>'
+            '<tool_call>{"name": "f", "arguments": {"q": 2}}</tool_call>')  # fmt: skip
+    for one_call, expected in ((False, 2), (True, 1)):
+        s = ChoiceShaper(0, Shape(tools=frozenset({"f"}), one_call=one_call))
+        pieces = run(s, [text[i : i + 7] for i in range(0, len(text), 7)])
+        streamed = [tc for d, _ in pieces for tc in d.tool_calls or []]
+        assert len({tc.index for tc in streamed}) == expected
+        assert "".join(tc.function.arguments or "" for tc in streamed) == '{"q": 1}' + (
+            '{"q": 2}' if expected == 2 else ""
+        )
+        assert len(s.message().tool_calls or []) == expected
+
+
 def test_logprobs_ride_with_their_text() -> None:
     s = ChoiceShaper(0, Shape(logprobs=True))
     lp = [TokenLogprob(b"Hi", -0.5, [(b"Hi", -0.5), (b"Yo", -1.5)])]

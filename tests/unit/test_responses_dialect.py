@@ -12,7 +12,15 @@ import pytest
 from openai.types.responses import Response, ResponseStreamEvent
 
 from gateway.chat.response_store import ResponseStore
-from gateway.chat.responses import answer_message, chat_messages, chat_request, image_fields, input_items, skeleton
+from gateway.chat.responses import (
+    answer_message,
+    chat_messages,
+    chat_request,
+    image_fields,
+    input_items,
+    skeleton,
+    wants_summary,
+)
 from gateway.chat.responses_events import OutputStream
 from gateway.errors import BadRequest
 from protocol import chat
@@ -31,7 +39,8 @@ def messages(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def test_a_string_is_one_user_message_and_instructions_are_the_system_turn() -> None:
-    req, conversation = chat_request(request(instructions="Be brief."), [])
+    t = chat_request(request(instructions="Be brief."), [])
+    req, conversation = t.request, t.conversation
     assert [(m.role, m.content) for m in req.messages] == [("system", "Be brief."), ("user", "hi")]
     assert [(m.role, m.content) for m in conversation] == [("user", "hi")], "instructions are not carried over"
 
@@ -84,27 +93,26 @@ def test_bad_items_are_refused_naming_where(items: list[dict[str, Any]], named: 
 
 
 def test_settings_map_to_the_chat_request() -> None:
-    req, _ = chat_request(request(max_output_tokens=7, temperature=0.5, top_p=0.9, user="u", tools=[ADD],
+    req = chat_request(request(max_output_tokens=7, temperature=0.5, top_p=0.9, user="u", tools=[ADD],
                                   tool_choice={"type": "function", "name": "add"},
-                                  reasoning={"effort": "none"}), [])  # fmt: skip
+                                  reasoning={"effort": "none"}), []).request  # fmt: skip
     assert (req.max_completion_tokens, req.temperature, req.top_p, req.user) == (7, 0.5, 0.9, "u")
     assert req.tool_choice == {"type": "function", "function": {"name": "add"}}
     assert req.tools is not None and req.tools[0].function.name == "add"
     assert (req.enable_think, req.reasoning_format) == (False, "deepseek")
-    assert chat_request(request(reasoning={"effort": "high"}), [])[0].enable_think is True
-    assert chat_request(request(), [])[0].enable_think is None, "without `reasoning`: the template's default"
+    assert chat_request(request(reasoning={"effort": "high"}), []).request.enable_think is True
+    assert chat_request(request(), []).request.enable_think is None, "without `reasoning`: the template's default"
     schema = {"type": "object", "properties": {"x": {"type": "string"}}}
-    fmt = chat_request(request(text={"format": {"type": "json_schema", "name": "n", "schema": schema}}), [])[0]
+    fmt = chat_request(request(text={"format": {"type": "json_schema", "name": "n", "schema": schema}}), []).request
     assert fmt.response_format == {"type": "json_schema", "json_schema": {"name": "n", "schema": schema}}
-    assert chat_request(request(text={"format": {"type": "json_object"}}), [])[0].response_format == {
+    assert chat_request(request(text={"format": {"type": "json_object"}}), []).request.response_format == {
         "type": "json_object"}  # fmt: skip
-    assert chat_request(request(text={"format": {"type": "text"}}), [])[0].response_format is None
+    assert chat_request(request(text={"format": {"type": "text"}}), []).request.response_format is None
 
 
 @pytest.mark.parametrize(
     ("kw", "named"),
     [
-        ({"tools": [{"type": "web_search"}]}, "tools[0].type"),
         ({"tools": [{"type": "function"}]}, "tools[0].name"),
         ({"tools": [ADD], "tool_choice": {"type": "function", "name": "sub"}}, "tool_choice.name"),
         ({"tool_choice": "required"}, "tool_choice"),
@@ -119,13 +127,16 @@ def test_bad_settings_are_refused_naming_the_field(kw: dict[str, Any], named: st
 
 def test_history_comes_before_the_new_input() -> None:
     history = [chat.ChatMessage(role="user", content="a"), chat.ChatMessage(role="assistant", content="b")]
-    req, conversation = chat_request(request(input="c", instructions="sys"), history)
+    t = chat_request(request(input="c", instructions="sys"), history)
+    req, conversation = t.request, t.conversation
     assert [m.content for m in req.messages] == ["sys", "a", "b", "c"]
     assert [m.content for m in conversation] == ["a", "b", "c"]
 
 
 def _stream(**kw: Any) -> OutputStream:
-    return OutputStream(skeleton(request(**kw), "resp_1", 1700000000, "m", 0.8, 0.95))
+    req = request(**kw)
+    tools = chat_request(req, []).tools
+    return OutputStream(skeleton(req, tools, "resp_1", 1700000000, "m", 0.8, 0.95), tools, wants_summary(req))
 
 
 def _usage(prompt: int, completion: int, cached: int = 0) -> chat.Usage:
@@ -236,3 +247,140 @@ def test_input_image_parts_become_image_url_parts_in_their_order() -> None:
     assert image is not None and image.url == "data:image/png;base64,AAAA" and image.detail == "low"
     req = msgspec.convert({"model": "m", "input": [{"role": "user", "content": "hi"}, *items]}, r.ResponsesRequest)
     assert image_fields(req) == ["input[1].content[1]"]
+
+
+# ---- tools as agent CLIs send them: namespaces and hosted tools -------------------------------
+
+SPAWN = {"type": "function", "name": "spawn_agent", "description": "Start a helper.",
+         "parameters": {"type": "object", "properties": {"task": {"type": "string"}}}}  # fmt: skip
+AGENTS = {"type": "namespace", "name": "agents", "description": "Helpers you can start.", "tools": [SPAWN]}
+
+
+def test_a_namespaces_functions_are_offered_as_namespace_dot_name() -> None:
+    t = chat_request(request(tools=[ADD, AGENTS, {"type": "web_search", "external_web_access": False}]), [])
+    assert [tool.function.name for tool in t.request.tools or []] == ["add", "agents.spawn_agent"]
+    spawn = (t.request.tools or [])[1].function
+    assert spawn.description == "(Helpers you can start.) Start a helper." and spawn.parameters == SPAWN["parameters"]
+    assert t.tools.split("agents.spawn_agent") == ("agents", "spawn_agent") and t.tools.split("add") == (None, "add")
+    assert t.tools.not_offered == ["web_search (tools[2])"]
+    assert [e["type"] for e in t.tools.echo] == ["function", "namespace"], "the echo holds what the model was offered"
+
+
+def test_a_namespaced_call_goes_out_with_its_namespace_and_comes_back_in() -> None:
+    out = _stream(tools=[ADD, AGENTS])
+    events = out.start()
+    events += out.feed(chat.ChunkDelta(tool_calls=[chat.ChunkToolCall(index=0, id="call_s", type="function",
+                       function=chat.ChunkFunction(name="agents.spawn_agent", arguments='{"task": "x"}'))]), 5)  # fmt: skip
+    events += out.finish("tool_calls", _usage(10, 5))
+    _validate(events)
+    added = next(e for e in events if isinstance(e, r.ItemAdded))
+    assert isinstance(added.item, r.FunctionCall) and (added.item.name, added.item.namespace) == (
+        "spawn_agent",
+        "agents",
+    )
+    final = Response.model_validate_json(msgspec.json.encode(out.response))
+    (call,) = final.output
+    assert call.type == "function_call" and (call.name, call.namespace) == ("spawn_agent", "agents")
+    top = _stream(tools=[ADD])
+    top.feed(chat.ChunkDelta(tool_calls=[chat.ChunkToolCall(index=0, id="call_a", type="function",
+             function=chat.ChunkFunction(name="add", arguments="{}"))]), 1)  # fmt: skip
+    top.finish("tool_calls", _usage(1, 1))
+    assert "namespace" not in msgspec.json.decode(msgspec.json.encode(top.response))["output"][0], "absent, not null"
+    # the stored answer, and a client's own function_call item, read back as the name the model saw
+    assert answer_message(out.response.output).tool_calls[0].function.name == "agents.spawn_agent"  # type: ignore[index]
+    item = {"type": "function_call", "call_id": "c", "name": "spawn_agent", "namespace": "agents", "arguments": "{}"}
+    assert messages([item])[0]["tool_calls"][0]["function"]["name"] == "agents.spawn_agent"
+
+
+@pytest.mark.parametrize(
+    ("choice", "seen"),
+    [
+        ({"type": "function", "name": "agents.spawn_agent"}, "agents.spawn_agent"),
+        ({"type": "function", "name": "spawn_agent", "namespace": "agents"}, "agents.spawn_agent"),
+        ({"type": "function", "name": "spawn_agent"}, "agents.spawn_agent"),
+        ({"type": "function", "name": "add"}, "add"),
+    ],
+)
+def test_a_namespaced_function_can_be_forced(choice: dict[str, Any], seen: str) -> None:
+    t = chat_request(request(tools=[ADD, AGENTS], tool_choice=choice), [])
+    assert t.request.tool_choice == {"type": "function", "function": {"name": seen}}
+
+
+def test_allowed_tools_narrows_the_offer() -> None:
+    choice = {"type": "allowed_tools", "mode": "required", "tools": [{"type": "namespace", "name": "agents"},
+                                                                      {"type": "web_search"}]}  # fmt: skip
+    t = chat_request(request(tools=[ADD, AGENTS, {"type": "web_search"}], tool_choice=choice), [])
+    assert [tool.function.name for tool in t.request.tools or []] == ["agents.spawn_agent"]
+    assert t.request.tool_choice == "required" and len(t.tools.echo) == 2, "the echo keeps every offered tool"
+
+
+def test_only_hosted_tools_is_a_plain_answer_and_forcing_one_a_400() -> None:
+    t = chat_request(request(tools=[{"type": "web_search"}, {"type": "code_interpreter", "container": {}}]), [])
+    assert t.request.tools is None and t.request.tool_choice is None and len(t.tools.not_offered) == 2
+    with pytest.raises(BadRequest, match=r"`tool_choice.type`: forces 'web_search_preview'"):
+        chat_request(
+            request(tools=[ADD, {"type": "web_search_preview"}], tool_choice={"type": "web_search_preview"}), []
+        )
+    with pytest.raises(BadRequest, match=r"`tool_choice`: `required` needs a function tool in `tools` \(web_search"):
+        chat_request(request(tools=[{"type": "web_search"}], tool_choice="required"), [])
+
+
+@pytest.mark.parametrize(
+    ("tools", "named"),
+    [
+        (
+            [{"type": "namespace", "name": "n", "tools": [{**SPAWN, "name": f"f{i}"} for i in range(10_000)]}],
+            "tools[0].tools",
+        ),
+        (
+            [{"type": "namespace", "name": "n", "tools": [{"type": "namespace", "name": "m", "tools": [SPAWN]}]}],
+            "tools[0].tools[0].type",
+        ),
+        ([{**AGENTS, "name": "a\x00b"}], "tools[0].name"),
+        ([{**AGENTS, "name": "a.b"}], "tools[0].name"),
+        ([{"type": "namespace", "name": "n", "tools": [{**SPAWN, "name": "x\x00"}]}], "tools[0].tools[0].name"),
+        ([{"type": "namespace", "name": "n", "tools": []}], "tools[0].tools"),
+        ([AGENTS, {**ADD, "name": "agents.spawn_agent"}], "tools[1].name"),
+        ([{**ADD, "name": "agents.spawn_agent"}, AGENTS], "tools[1].tools[0].name"),
+        ([ADD, ADD], "tools[1].name"),
+        (
+            [
+                {"type": "namespace", "name": "n", "tools": [{**SPAWN, "name": f"f{i}"} for i in range(100)]},
+                {"type": "namespace", "name": "m", "tools": [{**SPAWN, "name": f"f{i}"} for i in range(100)]},
+            ],
+            "tools",
+        ),
+        ([{"type": "x" * 10_000}], "tools[0].type"),
+    ],
+)
+def test_hostile_tools_are_400s_naming_the_tool(tools: list[dict[str, Any]], named: str) -> None:
+    """Each is refused by decoding (the server's 400 names `$.tools[...]`) or by the translation."""
+    with pytest.raises((BadRequest, msgspec.ValidationError)) as refused:
+        chat_request(request(tools=tools), [])
+    message = str(refused.value)
+    assert f"`{named}`" in message or f"`$.{named}`" in message, message
+
+
+def test_an_unknown_tool_type_is_not_offered_and_named() -> None:
+    t = chat_request(request(tools=[ADD, {"type": "holodeck_2031", "name": "h"}]), [])
+    assert [tool.function.name for tool in t.request.tools or []] == ["add"]
+    assert t.tools.not_offered == ["holodeck_2031 (tools[1])"]
+
+
+def test_prompt_cache_key_narrows_the_cache_within_the_caller() -> None:
+    assert chat_request(request(), []).request.cache_salt is None
+    a, b = (chat_request(request(prompt_cache_key=k), []).request.cache_salt for k in ("s1", "s2"))
+    assert a and b and a != b
+    assert chat_request(request(prompt_cache_key="s1", cache_salt="x"), []).request.cache_salt not in (a, b)
+
+
+def test_a_reasoning_summary_carries_the_reasoning_and_is_streamed() -> None:
+    out = _stream(reasoning={"summary": "auto"})
+    events = out.start() + out.feed(chat.ChunkDelta(reasoning_content="hmm"), 1) + out.text("ok")
+    events += out.finish("stop", _usage(3, 2))
+    kinds = _validate(events)
+    assert "response.reasoning_summary_text.delta" in kinds and "response.reasoning_summary_part.done" in kinds
+    final = Response.model_validate_json(msgspec.json.encode(out.response))
+    rs = final.output[0]
+    assert rs.type == "reasoning" and [s.text for s in rs.summary] == ["hmm"]
+    assert not _stream().summary, "without `reasoning.summary`, no summary"
