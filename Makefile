@@ -18,7 +18,7 @@ WHEELS := $(HOME)/.cache/geniex/wheels/$(BUILD_KEY)
 # several GB on Linux; elsewhere, get a CPU build first from https://download.pytorch.org/whl/cpu.
 TORCH := torch==2.13.0
 
-.PHONY: install install-all install-test audio-stt speech-voice diarize browser bytecode check cpu-features serve test bench clean
+.PHONY: install install-all install-test audio-stt speech-voice diarize browser npm bytecode check cpu-features serve test bench clean
 
 $(VENV)/.stamp-llama-$(BUILD_KEY):
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -50,6 +50,8 @@ $(VENV)/.stamp-test: $(VENV)/.stamp-install
 	@command -v espeak-ng >/dev/null || { echo "the tests need espeak-ng: apt-get install espeak-ng, as root" >&2; exit 1; }
 	# The web UI's browser tests (tests/browser) drive Debian's chromium through Playwright.
 	$(MAKE) --no-print-directory browser
+	# The agent CLI tests install the current Codex, Claude Code and pi with npm.
+	$(MAKE) --no-print-directory npm
 	touch $@
 
 install: $(VENV)/.stamp-install
@@ -81,6 +83,14 @@ browser:
 	@command -v chromium >/dev/null || { [ "$$(id -u)" = 0 ] && \
 		{ apt-get install -y chromium || { apt-get update && apt-get install -y chromium; }; }; } || \
 		echo "WARNING: the browser tests need chromium: run 'sudo apt-get install chromium'" >&2
+
+# tests/integration/test_agent_clis.py installs the current agent CLIs from npm into
+# ~/.cache/geniex/agent-clis (with Node 22 from npm where the machine's node is older): npm is
+# installed here when root can, else a warning, and those tests then skip saying what to run.
+npm:
+	@command -v npm >/dev/null || { [ "$$(id -u)" = 0 ] && \
+		{ apt-get install -y npm || { apt-get update && apt-get install -y npm; }; }; } || \
+		echo "WARNING: the agent CLI tests need npm: run 'sudo apt-get install npm'" >&2
 
 # Every audio and vision engine and its bundled models (the `all` extra): then `make serve` offers
 # speech, transcription, diarization, OCR and image generation as well as chat.

@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import json
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -15,7 +17,15 @@ MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct:Q4_1"
 # (tests/npu_models.converted, 15 s and 650 MB) are one group; and the slowest groups are handed
 # out first, so that neither worker is left alone with a long one at the end.
 SHARED_GROUPS = dict.fromkeys(("test_npu_convert", "test_npu_engine", "test_npu_chat", "test_npu_cache"), "npu")
-SLOWEST_FIRST = ("test_soak", "npu", "test_lifecycle", "test_speculative", "test_prompt_cache", "test_fuzz")
+SLOWEST_FIRST = (
+    "test_soak",
+    "test_agent_clis",
+    "npu",
+    "test_lifecycle",
+    "test_speculative",
+    "test_prompt_cache",
+    "test_fuzz",
+)
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist reads the groups
@@ -31,6 +41,22 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         return SLOWEST_FIRST.index(name) if name in SLOWEST_FIRST else len(SLOWEST_FIRST)
 
     items.sort(key=rank)  # stable: each module's own order is kept
+
+
+_SESSION_START = time.time()
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    """The agent CLIs' versions this run tested against (tests/integration/test_agent_clis.py)."""
+    from tests import agent_clis
+
+    try:
+        record = json.loads(agent_clis.VERSIONS.read_text())
+    except (OSError, ValueError):
+        return
+    if record.get("at", 0) >= _SESSION_START:
+        versions = ", ".join(f"{name} {version}" for name, version in record["versions"].items())
+        terminalreporter.write_line(f"agent CLIs tested: {versions}")
 
 
 # A tool's JSON schema the dialect tests share: small enough that a 135M model, forced to call
