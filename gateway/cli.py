@@ -301,7 +301,7 @@ def _draining_server_class():  # type: ignore[no-untyped-def]
 
     class DrainingServer(uvicorn.Server):
         """On SIGTERM/SIGINT the server keeps listening while requests are in flight (up to
-        --drain-timeout): /ready answers 503 and new work is refused (gateway/drain.py), so a
+        --drain-timeout): /ready answers 503 and new work is refused (gateway/api/lifecycle.py), so a
         load balancer sees the drain. Then uvicorn stops accepting and the app's lifespan stops
         the workers. A second signal stops at once."""
 

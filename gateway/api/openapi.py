@@ -30,7 +30,8 @@ EXT = "x-geniex-extension"
 REF = "#/components/schemas/"
 
 # The spec's schemas and their fields (openapi-current.yaml, and the earlier full spec for
-# embeddings, reranking and CV); tests/unit/test_openapi.py checks this table against ../shared/spec.
+# embeddings, reranking and CV); tests/unit/test_webui.py checks this table against the spec
+# (tests/fuzz/contract, the project's copy of ../shared/spec).
 SPEC_FIELDS: dict[str, frozenset[str]] = {
     "ForwardLogitsRequest": frozenset({"compute", "input_ids", "last_only", "model", "nctx", "ngl", "top_n"}),
     "ForwardLogitsResponse": frozenset({"model", "n_rows", "rows", "top_n", "vocab_size"}),

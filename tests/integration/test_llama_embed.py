@@ -79,7 +79,7 @@ def engines(gguf_dir: Path) -> Iterator[dict[str, LlamaEmbedEngine]]:
 def test_a_gguf_gets_the_engine_it_needs(engines: dict[str, LlamaEmbedEngine], gguf_dir: Path) -> None:
     assert all(isinstance(e, LlamaEmbedEngine) for e in engines.values())
     assert is_embedding_gguf(str(gguf_dir / "mean.gguf"))
-    assert not is_embedding_gguf(smollm_path())  # a chat model stays with workers/engines/llama.py
+    assert not is_embedding_gguf(smollm_path())  # a chat model stays with workers/engines/llama/
 
 
 def test_token_vectors_are_mean_pooled_when_the_model_declares_none(engines: dict[str, LlamaEmbedEngine]) -> None:

@@ -201,7 +201,7 @@ def test_a_tool_round_trip_through_function_call_output(client: openai.OpenAI) -
 
 def test_reasoning_effort_is_accepted_and_echoed(client: openai.OpenAI) -> None:
     """SmolLM2 never thinks, so this proves the path (split on, effort read), not the items:
-    tests/unit/test_responses.py shows reasoning becoming reasoning items and events."""
+    tests/unit/test_responses_dialect.py shows reasoning becoming reasoning items and events."""
     kw: dict[str, Any] = {"input": HI, "reasoning": {"effort": "low"}, **GREEDY}
     r = client.responses.create(model=MODEL, **kw)
     assert r.reasoning is not None and r.reasoning.effort == "low"

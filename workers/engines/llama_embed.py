@@ -1,7 +1,7 @@
 """GGUF embedding and reranking models through llama.cpp (`embeddings=True` contexts).
 
 The gateway sends a GGUF here (engine `llama_embed`) when its header declares a pooling or an
-encoder architecture (gateway/memory.py: is_embedding_gguf); other GGUFs go to llama.py.
+encoder architecture (gateway/supervisor/memory.py: is_embedding_gguf); other GGUFs go to llama/.
 
 The context uses the pooling the model declares: mean/CLS/last give one vector per sequence;
 `rank` (a reranker's classification head) gives scores, so the model is a cross-encoder and
