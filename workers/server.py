@@ -19,6 +19,7 @@ import structlog
 import zmq
 
 from protocol.wire import (
+    PROTOCOL_VERSION,
     Cancel,
     Detokenize,
     Done,
@@ -81,9 +82,26 @@ class WorkerServer:
             try:
                 msg = self.codec.decode(raw.buffer)
             except msgspec.DecodeError as exc:  # not fatal: the gateway's next message is fine
-                log.error("undecodable message dropped", error=str(exc), size=len(raw.buffer))
+                self._unknown(bytes(raw.buffer), str(exc))
                 continue
             self._handle(msg)
+
+    def _unknown(self, raw: bytes, why: str) -> None:
+        """A message this worker cannot read (a gateway of another protocol version, a new type
+        without its case): refused by its request id where it has one, so that its request fails
+        at once instead of waiting for an answer that never comes."""
+        try:
+            fields = msgspec.msgpack.decode(raw)
+        except msgspec.DecodeError:
+            fields = None
+        # Requests are array_like and tagged: [tag, req_id, ...].
+        if isinstance(fields, list) and len(fields) >= 2 and isinstance(fields[1], int):
+            tag = str(fields[0])[:64]
+            log.error("unknown message refused", tag=tag, req_id=fields[1], error=why)
+            self.send(Failed(fields[1], ErrorKind.UNSUPPORTED,
+                             f"this worker (protocol version {PROTOCOL_VERSION}) does not know the message {tag!r}"))  # fmt: skip
+        else:
+            log.error("undecodable message dropped", error=why, size=len(raw))
 
     def _handle(self, msg: object) -> None:
         if type(msg) in TASKS:  # work for the engine: Generate, Embed, Transcribe...
@@ -100,6 +118,12 @@ class WorkerServer:
                 self.engine.set_threads(msg.n)
             case Shutdown():
                 self.running = False
+            case _:  # a message the wire knows and this loop has no case for
+                req_id = getattr(msg, "req_id", None)
+                tag = type(msg).__struct_config__.tag if isinstance(msg, msgspec.Struct) else type(msg).__name__
+                log.error("unhandled message refused", tag=tag, req_id=req_id)
+                if isinstance(req_id, int):
+                    self.send(Failed(req_id, ErrorKind.UNSUPPORTED, f"this worker does not handle the message {tag!r}"))
 
     def _submit(self, msg: Request) -> None:
         if type(msg) not in self.engine.serves:

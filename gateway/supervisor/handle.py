@@ -29,6 +29,7 @@ import zmq
 import zmq.asyncio
 
 from gateway.errors import (
+    GatewayTimeout,
     GenieXError,
     Overloaded,
     WorkerDied,
@@ -87,6 +88,15 @@ OneShot = (
 Answer = (
     TokenCount | TokenList | Text | LogitRows | Embeddings | Scores | TextRegions | Transcript | Diarization | Images
 )
+# How long a one-shot request may wait for its answer, its place in the worker's queue included:
+# a tokenizer answers between two decode steps; embeddings, scores, logits and OCR take seconds
+# a batch; an hour of audio or a batch of images on a laptop's CPU can take many minutes. Past it
+# the request is cancelled on the worker and is a 504, rather than a client waiting forever on a
+# worker that will never answer.
+CALL_TIMEOUT_S: dict[type, float] = {
+    Tokenize: 60, Detokenize: 60, CountTokens: 120, Logits: 600, Embed: 600, Rerank: 600, Recognize: 600,
+    Transcribe: 3600, Diarize: 3600, GenerateImages: 3600,
+}  # fmt: skip
 
 
 class WorkerSpec(msgspec.Struct, frozen=True, kw_only=True):
@@ -472,13 +482,20 @@ class WorkerHandle:
             self._queues.pop(req_id, None)
             self._left()
 
-    async def call(self, msg: OneShot) -> Answer:
-        """Send a one-shot request and return its one reply; raise for Failed or a dead worker."""
+    async def call(self, msg: OneShot, timeout: float | None = None) -> Answer:
+        """Send a one-shot request and return its one reply; raise for Failed, a dead worker, or no
+        answer within `timeout` seconds (by default its kind's CALL_TIMEOUT_S)."""
         req_id, pending = self._admit(msg.log_id)
         answered = False
+        limit = CALL_TIMEOUT_S[type(msg)] if timeout is None else timeout
         try:
             self._send(msgspec.structs.replace(msg, req_id=req_id))
-            reply = await _next(pending.queue)
+            try:
+                reply = await asyncio.wait_for(_next(pending.queue), limit)
+            except TimeoutError:
+                kind = type(msg).__struct_config__.tag
+                raise GatewayTimeout(f"the worker for {self.spec.key.model} did not answer this {kind} request within "
+                                     f"{limit:g} s; it was cancelled") from None  # fmt: skip
             answered = True
             self.requests_served += 1
             return reply  # type: ignore[return-value]  # a one-shot's reply is its answer

@@ -8,21 +8,30 @@ import asyncio
 import json
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
+import msgspec
 import psutil
 import pytest
 import zmq.asyncio
 
-from gateway.errors import BadRequest, EngineFailure, Overloaded, WorkerDied, WorkerUnavailable
+from gateway.errors import (
+    BadRequest,
+    EngineFailure,
+    GatewayTimeout,
+    Overloaded,
+    Unsupported,
+    WorkerDied,
+    WorkerUnavailable,
+)
 from gateway.models.store import ModelEntry
 from gateway.ops.metrics import Metrics
 from gateway.ops.settings import Settings
-from gateway.supervisor.handle import WorkerHandle
+from gateway.supervisor.handle import CALL_TIMEOUT_S, OneShot, WorkerHandle, _next
 from gateway.supervisor.memory import estimate_worker_bytes
 from gateway.supervisor.pool import WorkerPool
 from gateway.supervisor.states import State
-from protocol.wire import Done, Generate, Started
+from protocol.wire import Done, Embed, Generate, Started
 
 MakePool = Callable[..., WorkerPool]
 
@@ -288,3 +297,30 @@ async def test_a_draft_model_makes_room_as_a_worker_does_or_is_a_503(
     with pytest.raises(Overloaded, match="draft model needs about"):  # nothing idle left to evict
         await pool.add_draft(target, fake_model(tmp_path, "draft2").path)
     assert target.state is State.READY and len(target.drafts) == 1
+
+
+async def test_a_one_shot_call_without_an_answer_times_out_and_is_cancelled(make_pool: MakePool,
+                                                                             tmp_path: Path) -> None:  # fmt: skip
+    pool = make_pool()
+    h = await worker(pool, fake_model(tmp_path, "e", embed_unanswered=True))
+    with pytest.raises(GatewayTimeout, match=r"did not answer this embed request within 0\.5 s"):
+        await h.call(Embed(0, "t", texts=["x"]), timeout=0.5)
+    assert h.inflight == 0, "the request left the handle"
+    msgs = await answer(h, ask(max_tokens=2))  # the worker still serves
+    assert isinstance(msgs[-1], Done) and msgs[-1].completion_tokens == 2
+    assert set(CALL_TIMEOUT_S) == set(get_args(OneShot)), "every one-shot kind has its timeout"
+
+
+async def test_a_message_the_worker_cannot_read_is_refused_by_its_request_id(make_pool: MakePool,
+                                                                              tmp_path: Path) -> None:  # fmt: skip
+    pool = make_pool()
+    h = await worker(pool, fake_model(tmp_path, "u"))
+    req_id, pending = h._admit("t")
+    # a request of a newer protocol: array_like and tagged, as every request is
+    h._push.send(msgspec.msgpack.encode(["teleport", req_id, "somewhere"]))
+    with pytest.raises(Unsupported, match="does not know the message 'teleport'"):
+        await asyncio.wait_for(_next(pending.queue), 10)
+    h._queues.pop(req_id, None)
+    h._left()
+    msgs = await answer(h, ask(max_tokens=1))
+    assert isinstance(msgs[-1], Done), "and goes on serving"

@@ -6,7 +6,8 @@ Its "model file" is JSON that says how to behave:
      "tokens": 20,          a generation ends ("stop") after this many tokens, unless max_tokens is lower
      "crash_after": 7,      the process dies (exit status 3) once this many tokens were generated in all
      "load_s": 0,           loading takes this long
-     "hang_on_load": false} loading never ends
+     "hang_on_load": false, loading never ends
+     "embed_unanswered": false} an Embed is taken and never answered (a hung one-shot call)
 
 Every field is optional. A prompt of "refuse" is refused (EngineError); "raise" meets a bug (RuntimeError). It answers Generate like the llama.cpp engine does (Started, Deltas of
 "tok1 ", "tok2 ", ..., Done) with `--parallel` slots, so queueing, cancellation, crashes, load
@@ -22,7 +23,7 @@ from dataclasses import dataclass
 
 import msgspec
 
-from protocol.wire import PROTOCOL_VERSION, Delta, Done, Generate, Ready, Started
+from protocol.wire import PROTOCOL_VERSION, Delta, Done, Embed, ErrorKind, Generate, Ready, Started
 from workers.engines import Emit, EngineError, EngineOptions
 
 
@@ -32,6 +33,7 @@ class Behaviour(msgspec.Struct, forbid_unknown_fields=True):
     crash_after: int | None = None
     load_s: float = 0.0
     hang_on_load: bool = False
+    embed_unanswered: bool = False
 
 
 @dataclass
@@ -43,7 +45,7 @@ class _Running:
 
 class FakeEngine:
     name = "fake"
-    serves = (Generate,)
+    serves: tuple[type, ...] = (Generate, Embed)
 
     def __init__(self, opts: EngineOptions) -> None:
         try:
@@ -62,12 +64,18 @@ class FakeEngine:
         self.waiting: deque[Generate] = deque()
         self.running: list[_Running] = []
         self.generated = 0
+        self.unanswered: set[int] = set()  # Embeds taken and never answered
 
     def ready(self) -> Ready:
         return Ready(protocol_version=PROTOCOL_VERSION, pid=os.getpid(), engine=self.name, compute=self.compute,
                      n_ctx=self.nctx, parallel=self.parallel, description="fake engine")  # fmt: skip
 
-    def submit(self, req: Generate) -> None:
+    def submit(self, req: Generate | Embed) -> None:
+        if isinstance(req, Embed):
+            if not self.behaviour.embed_unanswered:
+                raise EngineError("the fake engine embeds nothing", kind=ErrorKind.UNSUPPORTED)
+            self.unanswered.add(req.req_id)
+            return
         if req.prompt == "refuse":
             raise EngineError("`prompt`: refused, as asked")
         if req.prompt == "raise":
@@ -75,6 +83,7 @@ class FakeEngine:
         self.waiting.append(req)
 
     def cancel(self, req_id: int, emit: Emit) -> None:
+        self.unanswered.discard(req_id)
         for req in self.waiting:
             if req.req_id == req_id:
                 self.waiting.remove(req)
