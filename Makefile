@@ -18,7 +18,7 @@ WHEELS := $(HOME)/.cache/geniex/wheels/$(BUILD_KEY)
 # several GB on Linux; elsewhere, get a CPU build first from https://download.pytorch.org/whl/cpu.
 TORCH := torch==2.13.0
 
-.PHONY: install install-all install-test audio-stt speech-voice diarize browser npm bytecode check cpu-features serve test bench clean
+.PHONY: install install-all install-test audio-stt speech-voice diarize browser npm bytecode docs check cpu-features serve test bench clean
 
 $(VENV)/.stamp-llama-$(BUILD_KEY):
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -122,6 +122,10 @@ check: install-test
 # at once take about 70% of the time one does, even on two cores (tests/conftest.py groups them).
 test: install-test bytecode check
 	$(PY) -m pytest -q -n 2 --dist loadgroup --durations=25
+
+# docs/operating.md's settings table, from the flags' declarations in gateway/cli.py.
+docs: install
+	$(PY) -m gateway.cli_docs docs/operating.md
 
 bench: install-test bytecode
 	$(PY) bench/bench.py

@@ -6,7 +6,7 @@ onnxruntime's CPU EP).
     .venv/bin/python bench/npu.py [--steps 3] [--nctx 128]
 
 On x86_64 QNN's HTP backend is Qualcomm's simulator (enabled here), so its times say how slow the
-simulator is, not how fast an NPU is: see the README's "Chat on the NPU" for what to expect on a
+simulator is, not how fast an NPU is: see docs/accelerators.md, "Chat on the NPU", for what to expect on a
 Snapdragon. Prints one line per figure and a JSON summary.
 """
 

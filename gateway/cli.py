@@ -36,83 +36,168 @@ def _csv(value: str) -> list[str]:
 def _add_serve(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> argparse.ArgumentParser:
     p = sub.add_parser("serve", help="run the OpenAI-compatible server")
     a = p.add_argument
-    a("--host", default=DEFAULT_HOST, help="HOST:PORT to bind (default 127.0.0.1:18181)")
-    a("--nctx", type=int, default=4096, help="default context size per request")
-    a("--ngl", type=int, default=-1, help="default GPU layers (-1: all)")
+    a("--host", default=DEFAULT_HOST, help="address to bind (loopback by default)")
+    a("--nctx", type=int, default=4096, help="context per request when the request has no `nctx`")
+    a("--ngl", type=int, default=-1, help="GPU layers when the request has no `ngl` (-1 or 999: all)")
     a("--compute", type=str.lower, choices=["cpu", "gpu", "npu", "hybrid"], default=None,
-      help="default compute unit (any case)")  # fmt: skip
+      help=('`cpu`, `gpu`, `npu`, `hybrid` (any case; anything else, from the flag or `GENIEX_COMPUTE`, stops'
+         ' the start); an unavailable unit falls back to CPU with a warning (by default the CPU)'))  # fmt: skip
     a(
         "--keepalive",
         type=float,
         default=300.0,
-        help="stop a worker idle this many seconds (-1: never, 0: after each request)",
+        help="seconds an idle worker stays loaded (-1: forever, 0: stop after each request)",
     )
-    a("--origins", type=_csv, default=[], help="comma-separated CORS origins")
+    a(
+        "--origins",
+        type=_csv,
+        default=[],
+        help=(
+            "comma-separated origins whose web pages may call the API (CORS, preflight included; every "
+            "request header they ask for is allowed, `Retry-After` and `X-Request-Id` exposed); none by "
+            "default, so no other site's page can read an answer"
+        ),
+    )
     a(
         "--data-dir",
         type=Path,
         default=None,
-        help="model store and usage ledger (default $GENIEX_DATADIR or ~/.cache/geniex)",
+        help="model store and usage ledger (default `$GENIEX_DATADIR`, else `~/.cache/geniex`)",
     )
-    a("--log-level", default=None, choices=["debug", "info", "warning", "error"])
-    a("--parallel", type=int, default=0, help="sequences per worker (0: from nctx)")
-    a("--max-queue", type=int, default=16, help="queued requests per worker before 503")
-    a("--max-loaded", type=int, default=0, help="resident workers (0: memory decides)")
-    a("--memory-reserve", type=int, default=1024, help="MiB of RAM to keep free")
-    a("--drain-timeout", type=float, default=30.0, help="seconds in-flight requests may take to finish on SIGTERM")
+    a(
+        "--log-level",
+        default=None,
+        choices=["debug", "info", "warning", "error"],
+        help="`debug`, `info`, `warning`, `error` (default info)",
+    )
+    a(
+        "--parallel",
+        type=int,
+        default=0,
+        help=(
+            "sequences one worker decodes at once (0: from nctx, 4 at nctx ≤ 4096, fewer for longer contexts); set 8 to "
+            "serve eight clients at once"
+        ),
+    )
+    a("--max-queue", type=int, default=16, help="requests waiting per worker before 503 + `Retry-After`")
+    a(
+        "--max-loaded",
+        type=int,
+        default=0,
+        help=(
+            "workers resident at once (0: as many as memory allows); the least recently used idle one is "
+            "evicted first, a busy one never"
+        ),
+    )
+    a(
+        "--memory-reserve",
+        type=int,
+        default=1024,
+        help="MiB of RAM to keep free when deciding whether another worker fits",
+    )
+    a(
+        "--drain-timeout",
+        type=float,
+        default=30.0,
+        help=(
+            "seconds SIGTERM waits for requests in flight; meanwhile `/ready` answers 503 and new work is "
+            "refused with 503; those still running then end with 503 (an error event and `[DONE]` in a "
+            "stream)"
+        ),
+    )
     a("--load-timeout", type=float, default=120.0, help="seconds a worker may take to load its model")
-    a("--preload", type=_csv, default=[], help="comma-separated models to load at start")
-    a("--threads", type=int, default=0, help="threads per worker (0: physical cores)")
+    a("--preload", type=_csv, default=[], help="comma-separated models to load before `/ready` turns 200")
+    a(
+        "--threads",
+        type=int,
+        default=0,
+        help=(
+            "threads per worker (0: the physical cores); busy workers share the cores, and a worker uses "
+            "fewer while other programs keep cores busy"
+        ),
+    )
     a("--crash-limit", type=int, default=3,
-      help="crashes within --crash-window after which a model is refused for --crash-backoff (0: never)")  # fmt: skip
-    a("--crash-window", type=float, default=60.0)
-    a("--crash-backoff", type=float, default=30.0)
+      help=('crashes within `--crash-window` after which a model is refused (503) for `--crash-backoff` '
+         'seconds (0: never)'))  # fmt: skip
+    a("--crash-window", type=float, default=60.0, help="seconds, see `--crash-limit`")
+    a("--crash-backoff", type=float, default=30.0, help="seconds, see `--crash-limit`")
     a("--stream-interval", dest="stream_interval_ms", type=int, default=20,
-      help="ms: tokens generated closer together than this are sent in one chunk, times the number of "
-           "sequences decoding at once (0: one chunk per token)")  # fmt: skip
+      help=('ms: tokens generated closer together than this go out in one chunk (the first token always at '
+         "once; 0: a chunk per token). With N sequences decoding at once a stream's interval is N × this, "
+         'so the chunks a worker sends per second stay about level under load (4 streams: client + gateway'
+         ' CPU per token 0.95 → 0.42 ms)'))  # fmt: skip
     a("--worker-nice", type=int, default=0,
-      help="added to the workers' nice value (0..19; 0 by default: workers run at the gateway's priority. "
-           "Above 0, any other busy program outranks inference; see the README)")  # fmt: skip
+      help=("added to the workers' nice value. At 0 they run at the gateway's priority. A higher value buys a"
+         ' little `/health` latency on an idle box (p99 with 4 streams: 6.8 ms at 0, 3.5 ms at 10) and '
+         "gives every other busy program about ten times the worker's CPU share: with one busy process "
+         'beside it, 50 tokens took 151 s at nice 10 before the thread governor below'))  # fmt: skip
     a("--cache-ram", dest="cache_ram_mb", type=int, default=1024,
-      help="MiB of host RAM per chat worker for saved prompt states (0: keep only what is in the slots)")  # fmt: skip
+      help=('MiB of host RAM per chat worker for saved prompt states (0: only what the slots hold); counted '
+         'in the memory a worker needs'))  # fmt: skip
     a("--api-key", dest="api_keys", action="append", default=[],
-      help="a key every API request must send (Authorization: Bearer KEY or x-api-key: KEY); repeatable")  # fmt: skip
+      help=('a key every API request must send (`Authorization: Bearer KEY` or `x-api-key: KEY`; repeatable);'
+         ' without any key the server answers everyone who can connect'))  # fmt: skip
     a("--api-key-file", type=Path, default=None,
-      help="keys, one per line with an optional label after each; read again on SIGHUP")  # fmt: skip
-    a("--metrics-key", action="store_true", default=False, help="/metrics needs a key too (open by default)")
+      help=('keys, one per line, an optional label and optional limits after each (`KEY LABEL rpm=60 '
+         'tpm=20000 concurrent=2`, `#` comments); read again on SIGHUP. The ledger, the logs and the '
+         'prompt cache know a caller by the label (or a hash of the key), never by the key. Over a limit: '
+         '429 with `Retry-After`, naming the limit; `rpm`/`tpm` are sliding minutes (tokens are prompt '
+         'plus completion, counted as a request ends), `concurrent` counts requests in flight; per-key '
+         'series in `/metrics` (`geniex:key_*`)'))  # fmt: skip
+    a(
+        "--metrics-key",
+        action="store_true",
+        default=False,
+        help="`/metrics` needs a key too (`/health` and `/ready` never do)",
+    )
     a("--insecure-no-auth", action="store_true", default=False,
-      help="allow binding beyond loopback without any API key (refused otherwise)")  # fmt: skip
-    a("--certfile", type=Path, default=None, help="serve HTTPS with this PEM certificate (chain); needs --keyfile")
+      help='bind an address other machines can reach without any API key (refused otherwise; logged loudly)')  # fmt: skip
+    a(
+        "--certfile",
+        type=Path,
+        default=None,
+        help=(
+            "serve HTTPS with this PEM certificate (chain); needs `--keyfile`. A pair that does not load "
+            "stops the start with one line"
+        ),
+    )
     a("--keyfile", type=Path, default=None, help="the certificate's PEM private key")
     a("--max-connections", type=int, default=512,
-      help="requests served at once (health probes aside); beyond it a request gets 503 with Retry-After "
-           "at once, and connections beyond twice this are refused")  # fmt: skip
+      help=('requests served at once (health probes aside); beyond it a request gets a JSON 503 with '
+         '`Retry-After` at once rather than queueing without bound, and connections beyond twice this are '
+         'refused'))  # fmt: skip
     a("--max-body", dest="max_body_mb", type=int, default=32,
-      help="MiB a request body may hold (images and audio travel inside it); larger is a 413")  # fmt: skip
+      help=('MiB a request body may hold (images and audio travel inside it); a larger one is a 413, refused '
+         'without reading the rest'))  # fmt: skip
     a("--max-nctx", type=int, default=0,
-      help="the largest `nctx` a request may ask for (0: the context each model was trained for)")  # fmt: skip
+      help=('the largest `nctx` a request may ask for; 0: the context each model was trained for (its GGUF '
+         'says), so `nctx` beyond it is a 400'))  # fmt: skip
     a("--allowed-host", dest="allowed_hosts", action="append", default=[],
-      help="a Host name this server answers to besides loopback and the address it binds (repeatable; "
-           "'*' for any); others get 403, against DNS rebinding")  # fmt: skip
+      help=('a `Host` name the server answers to besides loopback names and the address it binds (repeatable,'
+         ' `GENIEX_ALLOWED_HOST` takes a `:`-separated list; `*` for any); any other gets 403, a defence '
+         'against DNS rebinding'))  # fmt: skip
     a("--fetch-host", dest="fetch_hosts", action="append", default=[],
-      help="a host whose http(s) URLs requests may name for images and audio (repeatable; none by "
-           "default: fetching for a client is a server-side request forgery risk)")  # fmt: skip
+      help=('a host whose http(s) URLs requests may name for images and audio (`/v1/cv`, `/v1/audio/diarize`;'
+         " repeatable). Off by default: fetching on a client's behalf is a server-side request forgery "
+         'risk. Redirects are not followed; the size is bounded by `--max-body` and the time by 10 s'))  # fmt: skip
     a("--media-dir", dest="media_dirs", action="append", type=Path, default=[],
-      help="a folder whose images chat requests may name by local path or file:// URL (repeatable; "
-           "none by default)")  # fmt: skip
+      help=('a folder whose images chat requests may name by local path or `file://` URL (repeatable; '
+         '`GENIEX_MEDIA_DIR` takes a `:`-separated list); symlinks are resolved before the check'))  # fmt: skip
     a("--grammar-dir", dest="grammar_dirs", action="append", type=Path, default=[],
-      help="a folder `grammar_path` may read GBNF files from (repeatable; none by default)")  # fmt: skip
+      help=('a folder `grammar_path` may read GBNF files from (repeatable; `GENIEX_GRAMMAR_DIR` takes a '
+         '`:`-separated list)'))  # fmt: skip
     a("--no-webui", dest="webui", action="store_false", default=True,
-      help="serve no web UI (/, /ops, /try, /docs) and no /openapi.json")  # fmt: skip
+      help='serve no web UI (`/`, `/ops`, `/try`, `/docs`) and no `/openapi.json` (`GENIEX_NO_WEBUI=1`)')  # fmt: skip
     a("--qnn-simulator", action="store_true", default=False,
-      help="on x86_64, let `compute: npu` use Qualcomm's HTP simulator (slow: for development and tests; "
-           "without it npu falls back to the CPU where there is no NPU)")  # fmt: skip
+      help=("on x86_64, let `compute: npu` use Qualcomm's HTP simulator (slow: development and tests only; "
+         'see docs/accelerators.md). Without it, where there is no NPU, `npu` falls back to'
+         ' the CPU with a warning'))  # fmt: skip
     p.set_defaults(func=_serve)
     return p
 
 
 def serve_parser() -> argparse.ArgumentParser:
-    """The `serve` flags alone (the README's table is checked against them)."""
+    """The `serve` flags alone (docs/operating.md's settings table is made from them)."""
     return _add_serve(argparse.ArgumentParser(prog="geniex").add_subparsers())
 
 

@@ -107,7 +107,7 @@ ToolChoice = ToolChoiceAuto | ToolChoiceAny | ToolChoiceTool | ToolChoiceNone
 
 class ThinkingConfig(msgspec.Struct):
     type: Literal["enabled", "disabled", "adaptive"]
-    # Accepted as Anthropic requires it with "enabled"; not enforced (see the README).
+    # Accepted as Anthropic requires it with "enabled"; not enforced (see docs/api.md).
     budget_tokens: Count | None = None
 
 

@@ -112,7 +112,7 @@ ToolName = Annotated[str, Meta(pattern=r"^[A-Za-z0-9_-]{1,64}$")]
 
 
 class NamespaceMember(msgspec.Struct, kw_only=True):
-    """A tool inside a `namespace` tool: a function (`custom` ones are not offered, see the README)."""
+    """A tool inside a `namespace` tool: a function (`custom` ones are not offered, see docs/api.md)."""
 
     type: str
     name: ToolName
@@ -169,7 +169,7 @@ Effort = Literal["none", "minimal", "low", "medium", "high", "xhigh", "max"]
 
 
 class ReasoningConfig(msgspec.Struct, kw_only=True):
-    """Accepted and echoed; `effort: none` tells the template not to think (see the README)."""
+    """Accepted and echoed; `effort: none` tells the template not to think (see docs/api.md)."""
 
     effort: Effort | None = None
     summary: Literal["auto", "concise", "detailed"] | None = None

@@ -1,4 +1,4 @@
-"""`geniex serve`'s flags: the README documents every one, and every GENIEX_* variable is read or named."""
+"""`geniex serve`'s flags: docs/operating.md's table is made from them, and every GENIEX_* variable is read or named."""
 
 from __future__ import annotations
 
@@ -7,21 +7,18 @@ from pathlib import Path
 
 import pytest
 
-from gateway import cli
+from gateway import cli, cli_docs
 
-README = Path(__file__).resolve().parents[2] / "README.md"
-
-
-def readme_flags() -> set[str]:
-    text = README.read_text()
-    table = text[text.index("| flag | default | meaning |") :]
-    table = table[: table.index("\n\n")]
-    return set(re.findall(r"^\| `(--[a-z-]+)`", table, flags=re.M))
+OPERATING = Path(__file__).resolve().parents[2] / "docs" / "operating.md"
 
 
-def test_the_readme_flag_table_lists_every_serve_flag_and_no_other() -> None:
+def test_the_settings_table_is_made_from_the_flags() -> None:
+    """docs/operating.md's table is what `make docs` writes from gateway/cli.py's flags."""
+    page = OPERATING.read_text()
+    assert cli_docs.with_table(page) == page, "docs/operating.md's settings table is stale: run `make docs`"
     flags = {a.option_strings[0] for a in cli.serve_flags(cli.serve_parser())}
-    assert readme_flags() == flags
+    assert set(re.findall(r"^\| `(--[a-z-]+)` \| `GENIEX_", page, flags=re.M)) == flags
+    assert all(a.help and len(a.help) > 20 for a in cli.serve_flags(cli.serve_parser())), "every flag explains itself"
 
 
 def test_every_flag_reads_its_geniex_variable(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
