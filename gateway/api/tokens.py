@@ -10,8 +10,10 @@ from litestar.params import RawBody
 from gateway.api.body import read_json
 from gateway.api.request_id import current_request_id
 from gateway.api.services import Services
-from gateway.errors import EngineFailure
-from gateway.models.store import DEFAULT_MODEL_ID
+from gateway.errors import EngineFailure, Unsupported
+from gateway.models.store import DEFAULT_MODEL_ID, ModelEntry
+from gateway.supervisor.memory import worker_engine
+from protocol import engines
 from protocol.tokens import (
     DetokenizeRequest,
     DetokenizeResponse,
@@ -29,10 +31,18 @@ def _piece(token: int, raw: bytes) -> Piece:
         return Piece(token, list(raw))
 
 
+def _tokenizing(services: Services, name: str | None) -> ModelEntry:
+    """The model, refused before it loads when its engine has no tokenizer (protocol/engines.py)."""
+    entry = services.store.resolve(name or DEFAULT_MODEL_ID)
+    if not engines.info(worker_engine(entry)).tokenizer:
+        raise Unsupported(f"`model`: {entry.id} ({entry.engine}) has no tokenizer")
+    return entry
+
+
 @post(["/tokenize", "/v1/tokenize"], status_code=200)
 async def tokenize(body: RawBody, services: NamedDependency[Services]) -> TokenizeResponse:
     data = read_json(body, TokenizeRequest)
-    entry = services.store.resolve(data.model or DEFAULT_MODEL_ID)
+    entry = _tokenizing(services, data.model)
     worker = await services.worker(entry)
     msg = Tokenize(0, current_request_id() or "", data.content, data.add_special, data.parse_special, data.with_pieces)
     reply = await worker.call(msg)
@@ -46,7 +56,7 @@ async def tokenize(body: RawBody, services: NamedDependency[Services]) -> Tokeni
 @post(["/detokenize", "/v1/detokenize"], status_code=200)
 async def detokenize(body: RawBody, services: NamedDependency[Services]) -> DetokenizeResponse:
     data = read_json(body, DetokenizeRequest)
-    entry = services.store.resolve(data.model or DEFAULT_MODEL_ID)
+    entry = _tokenizing(services, data.model)
     worker = await services.worker(entry)
     reply = await worker.call(Detokenize(0, current_request_id() or "", data.tokens))
     if not isinstance(reply, Text):

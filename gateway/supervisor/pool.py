@@ -29,8 +29,6 @@ from gateway.supervisor.compute import resolve_compute
 from gateway.supervisor.eviction import Resident, plan_evictions
 from gateway.supervisor.handle import Happened, WorkerEvent, WorkerHandle, WorkerSpec
 from gateway.supervisor.memory import (
-    EMBED_BATCH_TOKENS,
-    ENGINE_WORKING_BYTES,
     embedding_kv_tokens,
     estimate_worker_bytes,
     file_bytes,
@@ -38,11 +36,11 @@ from gateway.supervisor.memory import (
     worker_engine,
 )
 from gateway.supervisor.states import State
+from protocol import engines
 from protocol.keys import WorkerKey
 from protocol.limits import MAX_DRAFT_MODELS
 from protocol.npu_cache import NPU_DIR
 
-NPU_FIRST_LOAD_S = 900.0
 log = structlog.get_logger("gateway.supervisor.pool")
 
 CAPACITY_WAIT_S = 60.0
@@ -199,12 +197,13 @@ class WorkerPool:
         s = self.settings
         parallel = s.parallel or default_parallel(key.nctx)
         engine = worker_engine(entry, key.compute)
-        kv_tokens = embedding_kv_tokens(entry.path) if engine == "llama_embed" else key.nctx * parallel
-        cache_mb = s.cache_ram_mb if engine == "llama_cpp" else 0  # the chat engine's prompt cache
-        need = estimate_worker_bytes(entry.path, kv_tokens) + (cache_mb << 20) + ENGINE_WORKING_BYTES.get(engine, 0)
-        if engine == "llama_npu":  # the ONNX graph, its QNN sessions and their KV buffer, not llama.cpp's
+        row = engines.info(engine)
+        kv_tokens = embedding_kv_tokens(entry.path) if row.batch_tokens else key.nctx * parallel
+        cache_mb = s.cache_ram_mb if row.prompt_cache else 0
+        need = estimate_worker_bytes(entry.path, kv_tokens) + (cache_mb << 20) + row.working_bytes
+        if row.memory == "npu_graph":  # the ONNX graph, its QNN sessions and their KV buffer, not llama.cpp's
             need = npu_chat_bytes(entry.path, key.nctx)
-        if entry.mmproj and engine == "llama_cpp":  # a vision model's projector loads beside it
+        if entry.mmproj and row.projector and row.memory == "gguf":  # a vision model's projector loads beside it
             need += file_bytes(entry.mmproj)
         spec = WorkerSpec(
             key=key,
@@ -215,16 +214,16 @@ class WorkerPool:
             threads=s.threads,
             log_level=s.log_level or "info",
             # A first NPU load converts the GGUF and compiles its graphs: minutes for a larger model.
-            load_timeout=max(s.load_timeout, NPU_FIRST_LOAD_S) if engine == "llama_npu" else s.load_timeout,
+            load_timeout=max(s.load_timeout, row.first_load_s),
             max_queue=s.max_queue,
             stream_interval_ms=s.stream_interval_ms,
             nice=s.worker_nice,
-            batch_tokens=EMBED_BATCH_TOKENS if engine == "llama_embed" else 0,
+            batch_tokens=row.batch_tokens,
             cache_ram_mb=cache_mb,
-            cache_dir=str(s.data_dir / NPU_DIR) if engine == "llama_npu" else "",
-            mmproj=entry.mmproj if engine in ("llama_cpp", "llama_npu") else "",  # llama_npu: for its CPU fallback
+            cache_dir=str(s.data_dir / NPU_DIR) if row.npu_cache else "",
+            mmproj=entry.mmproj if row.projector else "",  # llama_npu: for its CPU fallback
         )
-        handle = self._admit_remote(spec, need) if engine == "upstream" else await self._admit(spec, need)
+        handle = self._admit_remote(spec, need) if row.remote else await self._admit(spec, need)
         self.metrics.worker_started(key.model)
         t0 = time.perf_counter()
         try:
@@ -271,7 +270,7 @@ class WorkerPool:
                 npu=k.compute in ("npu", "hybrid"),  # both hold the NPU
             )
             for k, h in self.workers.items()
-            if h.alive and h.spec.engine != "upstream"  # see _admit_remote
+            if h.alive and not engines.info(h.spec.engine).remote  # see _admit_remote
         ]
 
     def _available_bytes(self) -> int:

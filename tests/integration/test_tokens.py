@@ -70,3 +70,20 @@ def test_hostile_values_are_answered_or_refused_never_a_500(server: ServerProces
         for body in ({"model": "a\x00/b"}, {"model": MODEL, "nctx": 2**40}, {"model": MODEL, "compute": "x" * 10_000}):
             r = post(server, path, body)
             assert r.status_code in (400, 404), (path, body, r.text)
+
+
+def test_a_model_without_a_tokenizer_is_refused_before_it_loads(server: ServerProcess) -> None:
+    voice = "rhasspy/piper-en_US-joe:medium"  # a Piper voice: phonemes, no tokenizer (protocol/engines.py)
+
+    def voice_workers() -> list[int]:
+        rows = httpx.get(f"{server.base_url}/v1/workers", timeout=10).json()["data"]
+        return sorted(w["pid"] for w in rows if w["model"] == voice)
+
+    before = voice_workers()  # the shared server: another module may have loaded the voice
+    for path, body in (
+        ("/tokenize", {"model": voice, "content": "x"}),
+        ("/detokenize", {"model": voice, "tokens": [1]}),
+    ):
+        r = post(server, path, body)
+        assert r.status_code == 400 and "has no tokenizer" in r.json()["error"], r.text
+    assert voice_workers() == before, "nothing was loaded for it"

