@@ -426,6 +426,9 @@ class WorkerHandle:
         if self.state in (State.STOPPING, State.STOPPED):  # evicted, idle or unloaded: not a fault
             raise Overloaded(f"the worker for {self.key.model} was stopped before this request reached it; retry",
                              retry_after=1)  # fmt: skip
+        if self.state is State.FAILED:  # it crashed with others' requests, before this one reached it
+            raise Overloaded(f"the worker for {self.key.model} died ({self.exit_reason}) before this request "
+                             "reached it; retry", retry_after=1)  # fmt: skip
         if self.state is not State.READY:
             raise WorkerDied(f"worker for {self.key.model} is {self.status}")
         assert self.ready_info is not None

@@ -282,6 +282,21 @@ async def test_a_claim_never_used_lapses_and_a_stopped_worker_asks_for_a_retry(
     assert refused.value.headers == {"Retry-After": "1"} and "was stopped" in refused.value.message
 
 
+async def test_a_request_whose_worker_crashed_before_it_arrived_asks_for_a_retry(make_pool: MakePool,
+                                                                                 tmp_path: Path) -> None:  # fmt: skip
+    """Handed a worker that another request's crash (or a kill) ends before this one reaches it: a
+    503 naming the cause, with Retry-After (a retry gets a fresh worker), not a 500: it did nothing."""
+    pool = make_pool()
+    h = await worker(pool, fake_model(tmp_path, "k", tokens=2))
+    assert h.pid is not None
+    psutil.Process(h.pid).kill()
+    await until(lambda: h.state is State.FAILED)
+    with pytest.raises(Overloaded) as refused:
+        await answer(h, ask())
+    assert refused.value.headers == {"Retry-After": "1"}
+    assert "died (killed by SIGKILL) before this request reached it" in refused.value.message
+
+
 async def test_a_draft_model_makes_room_as_a_worker_does_or_is_a_503(
     make_pool: MakePool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
