@@ -4,7 +4,7 @@ through our server and the real SDK, greedy, one stream at a time.
     .venv/bin/python bench/constrained.py [--rounds 3] [--max-tokens 100]
 
 The variants interleave within every round so drift in machine load hits them alike; the
-report is the median decode tok/s per variant and its ratio to plain. `--stream-interval 0`
+report is the median decode tok/s per variant and its ratio to plain. `--stream-interval-ms 0`
 keeps one chunk per token, so the client-side clock sees every token.
 """
 
@@ -62,7 +62,7 @@ def main() -> int:
     p.add_argument("--max-tokens", type=int, default=100)
     p.add_argument("--json", type=Path, default=REPO / "bench" / "results" / "constrained.json")
     args = p.parse_args()
-    srv = Server(Path(tempfile.mkdtemp(prefix="geniex-bench-")), "--stream-interval", "0")
+    srv = Server(Path(tempfile.mkdtemp(prefix="geniex-bench-")), "--stream-interval-ms", "0")
     try:
         srv.wait_ready()
         client = openai.OpenAI(base_url=f"{srv.base_url}/v1", api_key="unused", max_retries=0, timeout=300)

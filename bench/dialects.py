@@ -16,7 +16,7 @@ translation runs).
 `--client raw` (the default) reads every stream with the same minimal httpx line loop, so the
 clients cost the same and only the server differs; `--client sdk` uses the official `openai` and
 `anthropic` SDKs instead (their own parsing costs differ, and on a 2-core box that CPU is taken
-from decoding). `--stream-interval 0` (the default here) sends one event per token, the harshest
+from decoding). `--stream-interval-ms 0` (the default here) sends one event per token, the harshest
 case for a per-token cost; pass the server's default 20 to measure what users see.
 """
 
@@ -159,10 +159,10 @@ def main() -> int:
     p.add_argument("--rounds", type=int, default=7)
     p.add_argument("--max-tokens", type=int, default=120)
     p.add_argument("--client", choices=("raw", "sdk"), default="raw")
-    p.add_argument("--stream-interval", type=int, default=0)
+    p.add_argument("--stream-interval-ms", dest="stream_interval", type=int, default=0)
     p.add_argument("--json", type=Path, default=REPO / "bench" / "results" / "dialects.json")
     args = p.parse_args()
-    srv = Server(Path(tempfile.mkdtemp(prefix="geniex-bench-")), "--stream-interval", str(args.stream_interval))
+    srv = Server(Path(tempfile.mkdtemp(prefix="geniex-bench-")), "--stream-interval-ms", str(args.stream_interval))
     http = httpx.Client(timeout=300)
     try:
         srv.wait_ready()

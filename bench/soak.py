@@ -796,8 +796,8 @@ def start_server(args: argparse.Namespace, data: Path, work: Path) -> tuple[subp
     log_path = work / "server.log"
     cmd = [sys.executable, "-m", "gateway.cli", "serve", "--host", f"127.0.0.1:{port}", "--data-dir", str(data),
            "--nctx", str(args.nctx), "--parallel", str(args.parallel), "--max-queue", str(args.max_queue),
-           "--max-loaded", "2", "--crash-limit", "0", "--drain-timeout", str(args.drain_timeout),
-           "--keepalive", "300"]  # fmt: skip
+           "--max-loaded", "2", "--crash-limit", "0", "--drain-timeout-s", str(args.drain_timeout),
+           "--keep-alive-s", "300"]  # fmt: skip
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=REPO,
                                 env={**os.environ, "PYTHONUNBUFFERED": "1"})  # fmt: skip
@@ -1063,7 +1063,13 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     a("--parallel", type=int, default=2)
     a("--nctx", type=int, default=1024)
     a("--request-timeout", type=float, default=120.0)
-    a("--drain-timeout", type=float, default=30.0, help="the server's --drain-timeout (short: requests outlast it)")
+    a(
+        "--drain-timeout-s",
+        dest="drain_timeout",
+        type=float,
+        default=30.0,
+        help="the server's --drain-timeout-s (short: requests outlast it)",
+    )
     a("--sample-every", type=float, default=2.0)
     a("--seed", type=int, default=17)
     a("--work-dir", type=Path, default=None, help="default: a new /tmp/soak-* folder")

@@ -134,7 +134,7 @@ async def amain(args: argparse.Namespace) -> dict[str, Any]:
         proj = build(model, Path(tmp) / "mmproj.gguf")
         data = Path(tmp) / "data"
         geniex("pull", "--local", str(model), "--mmproj", str(proj), VISION, "--data-dir", str(data))
-        srv = Server(data, "--nctx", "1024", "--parallel", "4", "--stream-interval", "0")
+        srv = Server(data, "--nctx", "1024", "--parallel", "4", "--stream-interval-ms", "0")
         try:
             srv.wait_ready()
             client = openai.AsyncOpenAI(base_url=f"{srv.base_url}/v1", api_key="unused", max_retries=0, timeout=600)

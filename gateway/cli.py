@@ -24,6 +24,17 @@ from protocol import qnn
 OTHER_ENV = ("GENIEX_DATADIR", "GENIEX_LLAMA_LOG", "GENIEX_QNN_SOC_MODEL")
 
 
+class _Renamed(argparse._StoreAction):
+    """A flag renamed (to carry its unit): its old spelling, the second option string, still works
+    for a release, with a warning; so does its old GENIEX_* variable (`_env_defaults`)."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
+                 option_string: str | None = None) -> None:  # fmt: skip
+        if option_string is not None and option_string != self.option_strings[0]:
+            print(f"warning: {option_string} is deprecated; use {self.option_strings[0]}", file=sys.stderr)
+        setattr(namespace, self.dest, values)
+
+
 def env_name(option: str) -> str:
     """`--max-queue` reads `GENIEX_MAX_QUEUE`."""
     return "GENIEX_" + option.lstrip("-").upper().replace("-", "_")
@@ -43,10 +54,13 @@ def _add_serve(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> argp
       help=('`cpu`, `gpu`, `npu`, `hybrid` (any case; anything else, from the flag or `GENIEX_COMPUTE`, stops'
          ' the start); an unavailable unit falls back to CPU with a warning (by default the CPU)'))  # fmt: skip
     a(
+        "--keep-alive-s",
         "--keepalive",
         type=float,
         default=300.0,
         help="seconds an idle worker stays loaded (-1: forever, 0: stop after each request)",
+        action=_Renamed,
+        dest="keepalive",
     )
     a(
         "--origins",
@@ -90,12 +104,16 @@ def _add_serve(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> argp
         ),
     )
     a(
+        "--memory-reserve-mb",
         "--memory-reserve",
         type=int,
         default=1024,
         help="MiB of RAM to keep free when deciding whether another worker fits",
+        action=_Renamed,
+        dest="memory_reserve",
     )
     a(
+        "--drain-timeout-s",
         "--drain-timeout",
         type=float,
         default=30.0,
@@ -104,8 +122,18 @@ def _add_serve(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> argp
             "refused with 503; those still running then end with 503 (an error event and `[DONE]` in a "
             "stream)"
         ),
+        action=_Renamed,
+        dest="drain_timeout",
     )
-    a("--load-timeout", type=float, default=120.0, help="seconds a worker may take to load its model")
+    a(
+        "--load-timeout-s",
+        "--load-timeout",
+        type=float,
+        default=120.0,
+        help="seconds a worker may take to load its model",
+        action=_Renamed,
+        dest="load_timeout",
+    )
     a("--preload", type=_csv, default=[], help="comma-separated models to load before `/ready` turns 200")
     a(
         "--threads",
@@ -119,21 +147,37 @@ def _add_serve(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> argp
     a("--crash-limit", type=int, default=3,
       help=('crashes within `--crash-window` after which a model is refused (503) for `--crash-backoff` '
          'seconds (0: never)'))  # fmt: skip
-    a("--crash-window", type=float, default=60.0, help="seconds, see `--crash-limit`")
-    a("--crash-backoff", type=float, default=30.0, help="seconds, see `--crash-limit`")
-    a("--stream-interval", dest="stream_interval_ms", type=int, default=20,
+    a(
+        "--crash-window-s",
+        "--crash-window",
+        type=float,
+        default=60.0,
+        help="seconds, see `--crash-limit`",
+        action=_Renamed,
+        dest="crash_window",
+    )
+    a(
+        "--crash-backoff-s",
+        "--crash-backoff",
+        type=float,
+        default=30.0,
+        help="seconds, see `--crash-limit`",
+        action=_Renamed,
+        dest="crash_backoff",
+    )
+    a("--stream-interval-ms", "--stream-interval", dest="stream_interval_ms", type=int, default=20,
       help=('ms: tokens generated closer together than this go out in one chunk (the first token always at '
          "once; 0: a chunk per token). With N sequences decoding at once a stream's interval is N × this, "
          'so the chunks a worker sends per second stay about level under load (4 streams: client + gateway'
-         ' CPU per token 0.95 → 0.42 ms)'))  # fmt: skip
+         ' CPU per token 0.95 → 0.42 ms)'), action=_Renamed)  # fmt: skip
     a("--worker-nice", type=int, default=0,
       help=("added to the workers' nice value. At 0 they run at the gateway's priority. A higher value buys a"
          ' little `/health` latency on an idle box (p99 with 4 streams: 6.8 ms at 0, 3.5 ms at 10) and '
          "gives every other busy program about ten times the worker's CPU share: with one busy process "
          'beside it, 50 tokens took 151 s at nice 10 before the thread governor below'))  # fmt: skip
-    a("--cache-ram", dest="cache_ram_mb", type=int, default=1024,
+    a("--cache-ram-mb", "--cache-ram", dest="cache_ram_mb", type=int, default=1024,
       help=('MiB of host RAM per chat worker for saved prompt states (0: only what the slots hold); counted '
-         'in the memory a worker needs'))  # fmt: skip
+         'in the memory a worker needs'), action=_Renamed)  # fmt: skip
     a("--api-key", dest="api_keys", action="append", default=[],
       help=('a key every API request must send (`Authorization: Bearer KEY` or `x-api-key: KEY`; repeatable);'
          ' without any key the server answers everyone who can connect'))  # fmt: skip
@@ -166,9 +210,9 @@ def _add_serve(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> argp
       help=('requests served at once (health probes aside); beyond it a request gets a JSON 503 with '
          '`Retry-After` at once rather than queueing without bound, and connections beyond twice this are '
          'refused'))  # fmt: skip
-    a("--max-body", dest="max_body_mb", type=int, default=32,
+    a("--max-body-mb", "--max-body", dest="max_body_mb", type=int, default=32,
       help=('MiB a request body may hold (images and audio travel inside it); a larger one is a 413, refused '
-         'without reading the rest'))  # fmt: skip
+         'without reading the rest'), action=_Renamed)  # fmt: skip
     a("--max-nctx", type=int, default=0,
       help=('the largest `nctx` a request may ask for; 0: the context each model was trained for (its GGUF '
          'says), so `nctx` beyond it is a 400'))  # fmt: skip
@@ -211,6 +255,11 @@ def _env_defaults(p: argparse.ArgumentParser) -> None:
     for action in serve_flags(p):
         name = env_name(action.option_strings[0])
         raw = os.environ.get(name)
+        if (raw is None or raw == "") and isinstance(action, _Renamed):
+            name = env_name(action.option_strings[1])  # the flag's old spelling
+            raw = os.environ.get(name)
+            if raw:
+                print(f"warning: {name} is deprecated; use {env_name(action.option_strings[0])}", file=sys.stderr)
         if raw is None or raw == "":
             continue
         cast: Callable[[str], Any] = action.type or str  # type: ignore[assignment]
@@ -232,7 +281,7 @@ def _env_defaults(p: argparse.ArgumentParser) -> None:
 
 def unknown_env(p: argparse.ArgumentParser, environ: Mapping[str, str]) -> list[str]:
     """Warnings for GENIEX_* variables that nothing reads (a typo would otherwise be silent)."""
-    known = {env_name(a.option_strings[0]) for a in serve_flags(p)} | set(OTHER_ENV)
+    known = {env_name(o) for a in serve_flags(p) for o in a.option_strings} | set(OTHER_ENV)
     out = []
     for name in sorted(k for k in environ if k.startswith("GENIEX_") and k not in known):
         close = difflib.get_close_matches(name[7:], sorted(k[7:] for k in known), n=1)  # past "GENIEX_"

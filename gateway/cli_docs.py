@@ -33,6 +33,9 @@ def table(parser: argparse.ArgumentParser | None = None) -> str:
     for action in cli.serve_flags(parser or cli.serve_parser()):
         flag = action.option_strings[0]
         meaning = " ".join((action.help or "").split()).replace("|", "\\|")
+        if len(action.option_strings) > 1:  # a renamed flag: its old spelling still works, with a warning
+            old = action.option_strings[1]
+            meaning += f" (formerly `{old}` and `{cli.env_name(old)}`: still read, with a warning)"
         rows.append(f"| `{flag}` | `{cli.env_name(flag)}` | {_default(action)} | {meaning} |")
     return "\n".join(rows)
 

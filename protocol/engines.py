@@ -28,7 +28,7 @@ class EngineInfo(msgspec.Struct, frozen=True, kw_only=True):
     hybrid: bool = False
     embedder: str = ""  # the engine for this engine's files that declare a pooling (GGUF embedding models)
     tokenizer: bool = False  # answers tokenize, detokenize and token counts
-    prompt_cache: bool = False  # keeps prompt states in host RAM (`--cache-ram`)
+    prompt_cache: bool = False  # keeps prompt states in host RAM (`--cache-ram-mb`)
     projector: bool = False  # loads a vision model's projector (mmproj) beside it
     working_bytes: int = 0  # what it needs while it works, beyond its files and KV cache
     batch_tokens: int = 0  # tokens per decode it is given (`--batch-tokens`), its KV cache for a GGUF embedder

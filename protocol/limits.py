@@ -42,7 +42,7 @@ StopString = Annotated[str, Meta(max_length=MAX_STOP_CHARS)]
 Stop = StopString | Annotated[list[StopString], Meta(max_length=MAX_STOP)]
 
 # Speech to text (/v1/audio/transcriptions). The upload itself is bounded by the server's
-# --max-body; a compressed file can still decode to hours, so the worker stops decoding past
+# --max-body-mb; a compressed file can still decode to hours, so the worker stops decoding past
 # this many seconds (16 kHz mono float32: 115 MB, the log-mel features a third of that) and
 # refuses the request. `prompt` is text that conditions the first window: Whisper keeps only
 # its last 223 tokens anyway, so a longer one is refused rather than tokenized for nothing.

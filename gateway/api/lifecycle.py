@@ -1,7 +1,7 @@
 """The server's lifecycle as probes and load balancers see it: ready once preloading is done,
 and a graceful drain on shutdown.
 
-On SIGTERM the server keeps listening while requests are in flight (up to --drain-timeout):
+On SIGTERM the server keeps listening while requests are in flight (up to --drain-timeout-s):
 `/ready` answers 503, new work is refused with 503 and `Retry-After`, and everything already
 running finishes. Only then does uvicorn close the listener and the workers stop.
 """

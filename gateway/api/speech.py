@@ -7,7 +7,7 @@ RIFF header; the sample rate is the voice's). Streamed (`stream_format: sse`), e
 header), then `speech.audio.done` carries the usage. A client that leaves cancels the rest.
 
 `GenieX-KeepCache: true` pins the voice's worker (keep_alive -1: loaded until evicted or
-unloaded); without it the worker stays for the server's `--keepalive` after its last request and
+unloaded); without it the worker stays for the server's `--keep-alive-s` after its last request and
 is then stopped, as every idle worker is.
 """
 

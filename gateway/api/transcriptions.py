@@ -1,7 +1,7 @@
 """POST /v1/audio/transcriptions: speech to text, one multipart request, one reply from the worker.
 
 Litestar parses the form: its multipart parser (the `multipart` package underneath) streams the
-upload to a spooled file and stops at the server's --max-body with a 413. The file's bytes go to
+upload to a spooled file and stops at the server's --max-body-mb with a 413. The file's bytes go to
 the worker as they are; the worker decodes them (any format FFmpeg reads), bounded in duration,
 and answers with the segments. This handler checks the fields, picks the worker, and renders the
 reply in the asked format.

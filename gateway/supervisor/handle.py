@@ -188,7 +188,7 @@ class WorkerHandle:
         self.last_used = time.monotonic()
         self.requests_served = 0
         self.exit_reason: str | None = None
-        self.keepalive: float | None = None  # a request's `keep_alive` overrides --keepalive
+        self.keepalive: float | None = None  # a request's `keep_alive` overrides --keep-alive-s
         self.drafts: set[str] = set()  # draft models requests had it load (pool.add_draft)
         self.tokens_generated = 0
         self.cache_bytes = 0  # the worker's prompt cache, as its last Started said
@@ -300,7 +300,7 @@ class WorkerHandle:
             await self.stop(graceful=False)
             raise WorkerUnavailable(
                 f"worker for {s.key.model} did not become ready within {s.load_timeout:g}s; "
-                "raise --load-timeout if the model is large, or check the worker's log"
+                "raise --load-timeout-s if the model is large, or check the worker's log"
             ) from None
         if ready.protocol_version != PROTOCOL_VERSION:
             await self.stop(graceful=False)

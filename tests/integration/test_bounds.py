@@ -76,7 +76,7 @@ def test_a_prompt_that_cannot_fit_is_refused_without_tokenizing_it(server: Serve
 
 
 def test_a_body_over_max_body_is_a_413_in_the_error_shape(start) -> None:  # type: ignore[no-untyped-def]
-    srv = start("--max-body", "1")
+    srv = start("--max-body-mb", "1")
     big = {"model": MODEL, "messages": [{"role": "user", "content": "x" * (1 << 20)}], "max_tokens": 1}
     r = httpx.post(f"{srv.base_url}/v1/chat/completions", json=big, timeout=60)
     assert r.status_code == 413 and isinstance(r.json()["error"], str), r.text[:300]

@@ -233,7 +233,7 @@ def test_unavailable_compute_falls_back_to_cpu(client: openai.OpenAI, server: Se
 
 
 def test_stream_interval_groups_tokens_without_changing_the_text(client: openai.OpenAI, tmp_path: Path) -> None:
-    """--stream-interval: tokens closer together than it share a chunk; the first goes at once."""
+    """--stream-interval-ms: tokens closer together than it share a chunk; the first goes at once."""
     kw = {"model": MODEL, "messages": [{"role": "user", "content": "Count from one to twenty."}], "max_tokens": 30,
           "temperature": 0, "stream": True, "stream_options": {"include_usage": True}}  # fmt: skip
 
@@ -244,7 +244,7 @@ def test_stream_interval_groups_tokens_without_changing_the_text(client: openai.
         ].usage.completion_tokens
 
     for interval, expect in (("0", "one per token"), ("60000", "first, then the rest")):
-        srv = ServerProcess(tmp_path / f"data{interval}", "--nctx", "2048", "--stream-interval", interval)
+        srv = ServerProcess(tmp_path / f"data{interval}", "--nctx", "2048", "--stream-interval-ms", interval)
         try:
             srv.wait_ready()
             c = openai.OpenAI(base_url=f"{srv.base_url}/v1", api_key="unused", max_retries=0, timeout=120)

@@ -1,4 +1,4 @@
-"""SIGTERM with requests that outlast --drain-timeout: each still ends with an answer (a 503 with
+"""SIGTERM with requests that outlast --drain-timeout-s: each still ends with an answer (a 503 with
 an error body, or an error event and [DONE] in a stream), never a cut connection or a bare 500.
 Found by bench/soak.py: the drain under load ran out of time and uvicorn cut what was left."""
 
@@ -17,7 +17,7 @@ NO_END = {"0": -100, "2": -100}  # SmolLM2's end tokens: generation runs to max_
 
 
 def test_requests_past_the_drain_timeout_end_with_503_or_an_error_event(start) -> None:  # type: ignore[no-untyped-def]
-    srv = start("--nctx", "2048", "--parallel", "1", "--drain-timeout", "1")
+    srv = start("--nctx", "2048", "--parallel", "1", "--drain-timeout-s", "1")
     body = {"model": MODEL, "messages": LONG, "max_tokens": 1900, "logit_bias": NO_END, "temperature": 0}
     queued: dict[str, httpx.Response] = {}
     with httpx.stream("POST", f"{srv.base_url}/v1/chat/completions", json={**body, "stream": True}, timeout=120) as r:

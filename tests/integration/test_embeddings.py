@@ -36,7 +36,7 @@ NPU_MIN_COS = 0.9998
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     data = data_dir_with_models(tmp_path_factory.getbasetemp() / "embedding-models")
-    with serving(data, "--keepalive", "120", "--qnn-simulator") as srv:  # npu: QNN's HTP simulator on x86_64
+    with serving(data, "--keep-alive-s", "120", "--qnn-simulator") as srv:  # npu: QNN's HTP simulator on x86_64
         yield srv
 
 

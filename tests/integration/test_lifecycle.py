@@ -117,7 +117,7 @@ def test_non_streaming_request_gets_500_when_worker_dies(start) -> None:  # type
 
 
 def test_crash_loop_backs_off_with_503(start) -> None:  # type: ignore[no-untyped-def]
-    srv = start("--nctx", "1024", "--crash-limit", "3", "--crash-window", "60", "--crash-backoff", "30")
+    srv = start("--nctx", "1024", "--crash-limit", "3", "--crash-window-s", "60", "--crash-backoff-s", "30")
     client = client_for(srv)
     for _ in range(3):
         client.chat.completions.create(model=MODEL, messages=LONG, max_tokens=1)
@@ -275,7 +275,7 @@ def test_eviction_is_lru_and_never_hits_a_busy_worker(start, tmp_path: Path) -> 
 
     # max-loaded 1: a busy worker is not evicted; the newcomer waits for it to finish. The stream
     # is longer than an eviction's graceful drain (10 s), so evicting it would cut it short.
-    srv2 = start("--nctx", "2048", "--max-loaded", "1", "--stream-interval", "0", data_dir=data)
+    srv2 = start("--nctx", "2048", "--max-loaded", "1", "--stream-interval-ms", "0", data_dir=data)
     client2 = client_for(srv2)
     no_end = {"0": -100, "2": -100}  # SmolLM2's end tokens: the stream runs to max_tokens
     stream = client2.chat.completions.create(model=MODEL, messages=LONG, stream=True, max_tokens=1200, temperature=0,
@@ -291,7 +291,7 @@ def test_eviction_is_lru_and_never_hits_a_busy_worker(start, tmp_path: Path) -> 
     chunks = []
     for i, chunk in enumerate(it):
         chunks.append(chunk)
-        # A chunk per token (--stream-interval 0); only the first 300 are checked, since a client
+        # A chunk per token (--stream-interval-ms 0); only the first 300 are checked, since a client
         # on a loaded box may read the last ones after the worker is done (and rightly evicted).
         if i % 50 == 0 and i < 300 and chunk.choices:
             assert [w["pid"] for w in workers(srv2) if w["model"] == MODEL] == [pid], "the busy worker stays"
@@ -312,7 +312,7 @@ def test_eviction_is_lru_and_never_hits_a_busy_worker(start, tmp_path: Path) -> 
 
 
 def test_keepalive_zero_stops_after_each_request_and_per_request_override(start) -> None:  # type: ignore[no-untyped-def]
-    srv = start("--nctx", "512", "--keepalive", "0")
+    srv = start("--nctx", "512", "--keep-alive-s", "0")
     client = client_for(srv)
     client.chat.completions.create(model=MODEL, messages=LONG, max_tokens=2)
     wait_for(lambda: not workers(srv), what="the idle worker to stop")

@@ -33,7 +33,7 @@ def test_every_model_says_what_it_is_and_whether_it_is_loaded(server: ServerProc
 
 
 def test_load_and_unload_are_explicit_idempotent_and_never_cut_an_answer(start) -> None:  # type: ignore[no-untyped-def]
-    srv = start("--nctx", "512", "--keepalive", "300")
+    srv = start("--nctx", "512", "--keep-alive-s", "300")
     assert models(srv)[MODEL]["loaded"] == []
     r = post(srv, "/v1/models/load", {"model": MODEL, "nctx": 1024, "compute": "CPU", "keep_alive": -1})
     assert r.status_code == 200, r.text

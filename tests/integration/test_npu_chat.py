@@ -38,7 +38,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     target.mkdir(parents=True)
     for f in folder.iterdir():
         os.link(f, target / f.name)  # the 650 MB graph, without a copy
-    with serving(data, "--qnn-simulator", "--nctx", "128", "--load-timeout", "600", "--keepalive", "600") as srv:
+    with serving(data, "--qnn-simulator", "--nctx", "128", "--load-timeout-s", "600", "--keep-alive-s", "600") as srv:
         yield srv
 
 

@@ -108,7 +108,7 @@ def test_usage_with_a_wrong_data_dir_says_there_is_no_ledger_there(tmp_path: Pat
 
 
 def test_load_timeout_error_names_the_real_value(start) -> None:  # type: ignore[no-untyped-def]
-    srv = start("--nctx", "512", "--load-timeout", "0.05")
+    srv = start("--nctx", "512", "--load-timeout-s", "0.05")
     r = httpx.post(f"{srv.base_url}/v1/chat/completions", json={"model": MODEL, "messages": LONG}, timeout=60)
     assert r.status_code == 503
     assert "did not become ready within 0.05s" in r.json()["error"]
@@ -154,7 +154,7 @@ def test_worker_death_is_logged_with_the_requests_in_flight(start) -> None:  # t
 
 
 def test_sigterm_keeps_answering_ready_503_and_refuses_new_work_while_draining(start) -> None:  # type: ignore[no-untyped-def]
-    srv = start("--nctx", "512", "--drain-timeout", "60")
+    srv = start("--nctx", "512", "--drain-timeout-s", "60")
     client = client_for(srv)
     stream = client.chat.completions.create(model=MODEL, messages=LONG, stream=True, max_tokens=300, temperature=0)
     it = iter(stream)

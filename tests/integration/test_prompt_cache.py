@@ -93,7 +93,7 @@ def test_a_conversation_survives_its_slot_being_taken_by_another(start) -> None:
 
 
 def test_the_ram_cache_stays_under_its_cap(start) -> None:  # type: ignore[no-untyped-def]
-    srv = start("--nctx", "1024", "--parallel", "1", "--cache-ram", "8")
+    srv = start("--nctx", "1024", "--parallel", "1", "--cache-ram-mb", "8")
     client = client_for(srv)
     # Each conversation holds about 300 tokens of KV, about 7 MB for SmolLM2: one fits in 8 MiB.
     chat(client, conversation("Hi.", system=f"Conversation 0. {'Be brief. ' * 60}"))
@@ -109,7 +109,7 @@ def test_the_ram_cache_stays_under_its_cap(start) -> None:  # type: ignore[no-un
 
 
 def test_keep_cache_still_pins_a_conversation(start) -> None:  # type: ignore[no-untyped-def]
-    client = client_for(start("--nctx", "1024", "--parallel", "1", "--cache-ram", "8"))
+    client = client_for(start("--nctx", "1024", "--parallel", "1", "--cache-ram-mb", "8"))
     keep = {"GenieX-KeepCache": "true"}
     turn1 = conversation("Name three colours.", system=f"Pinned. {'Be brief. ' * 60}")
     r1 = client.chat.completions.create(model=MODEL, messages=turn1, max_tokens=20, temperature=0, extra_headers=keep)  # type: ignore[arg-type]

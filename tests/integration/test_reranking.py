@@ -39,7 +39,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     data = data_dir_with_models(tmp_path_factory.getbasetemp() / "embedding-models")
     cross = synthetic_cross_encoder(tmp_path_factory.mktemp("cross-encoder"))
     assert geniex("pull", "--local", str(cross), CROSS, "--data-dir", str(data)) == CROSS
-    with serving(data, "--keepalive", "120") as srv:
+    with serving(data, "--keep-alive-s", "120") as srv:
         yield srv
 
 

@@ -142,7 +142,7 @@ def test_a_forced_function_call_has_arguments_matching_its_schema(client: openai
         assert len(fragments) > 1 and "".join(fragments) == call.arguments, "the arguments stream in fragments"
         raw = raw_events(server, {"model": MODEL, **kw})
         kinds = [e["type"] for e in raw if "function_call" in e["type"] or "item" in e["type"]]
-        # how many fragments depends on timing (--stream-interval batches tokens), their sum does not
+        # how many fragments depends on timing (--stream-interval-ms batches tokens), their sum does not
         assert kinds[0] == "response.output_item.added" and kinds[-2:] == [
             "response.function_call_arguments.done", "response.output_item.done"]  # fmt: skip
         assert set(kinds[1:-2]) == {"response.function_call_arguments.delta"}

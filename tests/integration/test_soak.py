@@ -16,7 +16,7 @@ REPO = Path(__file__).resolve().parents[2]
 def test_one_minute_of_chaos_keeps_every_invariant(tmp_path: Path) -> None:
     cmd = [sys.executable, str(REPO / "bench" / "soak.py"), "--duration", "50", "--kill-every", "4",
            "--burst-every", "10", "--disk-every", "10", "--disk-hold", "2", "--disconnect-rate", "0.2",
-           "--malformed-rate", "0.08", "--drain-timeout", "5", "--work-dir", str(tmp_path / "soak")]  # fmt: skip
+           "--malformed-rate", "0.08", "--drain-timeout-s", "5", "--work-dir", str(tmp_path / "soak")]  # fmt: skip
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=REPO)
     lines = out.stdout.strip().splitlines()
     assert lines and lines[-1].startswith("{"), out.stdout[-3000:] + out.stderr[-3000:]

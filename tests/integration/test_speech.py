@@ -198,7 +198,7 @@ def test_keep_cache_pins_the_voice(server: ServerProcess) -> None:
         return model["loaded"][0]["keep_alive"]
 
     say(server, "Loaded for a while.", **QUIET)
-    assert keep_alive() == 300  # the server's --keepalive: stopped once idle that long
+    assert keep_alive() == 300  # the server's --keep-alive-s: stopped once idle that long
     r = httpx.post(f"{server.base_url}/v1/audio/speech", headers={"GenieX-KeepCache": "true"},
                    json={"model": VOICE, "input": "Keep me.", **QUIET}, timeout=120)  # fmt: skip
     assert r.status_code == 200

@@ -61,7 +61,7 @@ def test_the_gateway_notifies_ready_pings_the_watchdog_and_says_stopping_when_th
     tmp_path: Path, notify: NotifySocket
 ) -> None:
     env = {"NOTIFY_SOCKET": str(notify.path), "WATCHDOG_USEC": "2000000"}  # a ping every second
-    srv = ServerProcess(tmp_path / "data", "--nctx", "512", "--drain-timeout", "60", env=env)
+    srv = ServerProcess(tmp_path / "data", "--nctx", "512", "--drain-timeout-s", "60", env=env)
     try:
         notify.wait_for("READY=1")
         srv.wait_ready()

@@ -256,6 +256,6 @@ def test_a_client_that_leaves_does_not_wedge_the_worker(server: ServerProcess, u
 
 
 def test_an_upload_over_max_body_is_a_413(start: Any) -> None:
-    srv = start("--max-body", "1")
+    srv = start("--max-body-mb", "1")
     r = post(f"{srv.base_url}/v1/audio/transcriptions", repeated_beckett(7), timeout=30)  # about 2.3 MB
     assert r.status_code == 413, r.text

@@ -106,7 +106,7 @@ def stand_in() -> Iterator[str]:
 @pytest.fixture(scope="module")
 def upstream(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     data = data_dir_with_models(tmp_path_factory.getbasetemp() / "embedding-models")
-    with serving(data, "--api-key", UP_KEY, "--nctx", "2048", "--keepalive", "600") as srv:
+    with serving(data, "--api-key", UP_KEY, "--nctx", "2048", "--keep-alive-s", "600") as srv:
         yield srv
 
 

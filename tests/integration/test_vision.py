@@ -63,8 +63,8 @@ def server(tmp_path_factory: pytest.TempPathFactory, media: tuple[Path, Path]) -
     proj = build(model, base / "mmproj-colours.gguf")
     data = base / "data"
     assert geniex("pull", "--local", str(model), "--mmproj", str(proj), VISION, "--data-dir", str(data)) == VISION
-    # Every token its own Delta (--stream-interval 0), so token orderings across streams are exact.
-    with serving(data, "--nctx", "1024", "--parallel", "4", "--stream-interval", "0",
+    # Every token its own Delta (--stream-interval-ms 0), so token orderings across streams are exact.
+    with serving(data, "--nctx", "1024", "--parallel", "4", "--stream-interval-ms", "0",
                  "--media-dir", str(media[0])) as srv:  # fmt: skip
         yield srv
 

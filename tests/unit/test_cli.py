@@ -26,7 +26,7 @@ def test_every_flag_reads_its_geniex_variable(monkeypatch: pytest.MonkeyPatch, t
     monkeypatch.setenv("GENIEX_MAX_LOADED", "2")
     monkeypatch.setenv("GENIEX_PRELOAD", "a/b, c/d")
     monkeypatch.setenv("GENIEX_GRAMMAR_DIR", f"{tmp_path}/x:{tmp_path}/y")
-    monkeypatch.setenv("GENIEX_STREAM_INTERVAL", "0")
+    monkeypatch.setenv("GENIEX_STREAM_INTERVAL_MS", "0")
     p = cli.serve_parser()
     cli._env_defaults(p)
     args = p.parse_args([])
@@ -64,3 +64,20 @@ def test_compute_is_read_in_any_case_and_anything_else_stops_the_start(monkeypat
     monkeypatch.setenv("GENIEX_COMPUTE", "qairt")
     with pytest.raises(SystemExit, match="GENIEX_COMPUTE='qairt': choose from cpu, gpu, npu, hybrid"):
         cli._env_defaults(cli.serve_parser())
+
+
+def test_a_renamed_flag_keeps_its_old_spelling_with_a_warning(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    p = cli.serve_parser()
+    assert p.parse_args(["--keep-alive-s", "7"]).keepalive == 7 and capsys.readouterr().err == ""
+    assert p.parse_args(["--keepalive", "5"]).keepalive == 5
+    assert "--keepalive is deprecated; use --keep-alive-s" in capsys.readouterr().err
+    monkeypatch.setenv("GENIEX_MAX_BODY", "8")  # the old variable of --max-body-mb
+    p = cli.serve_parser()
+    cli._env_defaults(p)
+    assert p.parse_args([]).max_body_mb == 8
+    assert "GENIEX_MAX_BODY is deprecated; use GENIEX_MAX_BODY_MB" in capsys.readouterr().err
+    assert cli.unknown_env(p, {"GENIEX_MAX_BODY": "8", "GENIEX_CACHE_RAM_MB": "1"}) == []
+    renamed = [a.option_strings for a in cli.serve_flags(p) if len(a.option_strings) > 1]
+    assert len(renamed) == 9 and all(new.endswith(("-s", "-ms", "-mb")) for new, _ in renamed), "each names its unit"
