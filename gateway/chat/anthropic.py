@@ -11,7 +11,7 @@ import json
 from typing import Any
 
 from gateway.chat.constraints import bounded_schema
-from gateway.chat.convert import fits_wire
+from gateway.chat.convert import tool_schema
 from gateway.errors import BadRequest
 from protocol import anthropic as a
 from protocol import chat
@@ -189,9 +189,7 @@ def _tools(tools: list[a.ToolDef] | None) -> list[chat.Tool] | None:
     for i, t in offered(tools):
         if t.input_schema is None:
             raise BadRequest(f"`tools[{i}].input_schema`: a required field is missing")
-        schema = bounded_schema(t.input_schema, f"tools[{i}].input_schema")
-        if not fits_wire(schema):
-            raise BadRequest(f"`tools[{i}].input_schema`: holds an integer beyond 64 bits or nests too deeply")
+        schema = tool_schema(t.input_schema, f"tools[{i}].input_schema")
         out.append(chat.Tool(function=chat.FunctionDef(name=t.name, description=t.description, parameters=schema)))
     return out or None
 

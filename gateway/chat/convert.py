@@ -10,7 +10,7 @@ from typing import Any
 
 import msgspec
 
-from gateway.chat.constraints import check_tools, constraint_of, tool_mode
+from gateway.chat.constraints import bounded_schema, check_tools, constraint_of, tool_mode
 from gateway.chat.reasoning import splits_reasoning
 from gateway.chat.speculation import speculation_of
 from gateway.errors import BadRequest
@@ -67,6 +67,14 @@ def fits_wire(value: Any) -> bool:
     except (OverflowError, RecursionError):
         return False
     return True
+
+
+def tool_schema(schema: dict[str, Any], field: str) -> dict[str, Any]:
+    """A dialect's tool schema (`field` names it), bounded as chat's are and able to reach a worker."""
+    bounded_schema(schema, field)
+    if not fits_wire(schema):
+        raise BadRequest(f"`{field}`: holds an integer beyond 64 bits or nests too deeply")
+    return schema
 
 
 def _tools(req: ChatRequest) -> list[dict[str, Any]]:

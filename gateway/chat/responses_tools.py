@@ -22,8 +22,7 @@ from typing import Any
 import msgspec
 import structlog
 
-from gateway.chat.constraints import bounded_schema
-from gateway.chat.convert import fits_wire
+from gateway.chat.convert import tool_schema
 from gateway.errors import BadRequest
 from protocol import chat
 from protocol import responses as r
@@ -57,9 +56,7 @@ def seen_name(name: str, namespace: str | None) -> str:
 
 def _function(where: str, name: str, description: str | None, parameters: dict[str, Any] | None,
               strict: bool | None) -> chat.Tool:  # fmt: skip
-    schema = None if parameters is None else bounded_schema(parameters, f"{where}.parameters")
-    if not fits_wire(schema):
-        raise BadRequest(f"`{where}.parameters`: holds an integer beyond 64 bits or nests too deeply")
+    schema = None if parameters is None else tool_schema(parameters, f"{where}.parameters")
     return chat.Tool(function=chat.FunctionDef(name=name, description=description, parameters=schema, strict=strict))
 
 
