@@ -371,6 +371,30 @@ def test_hostile_tools_are_400s_naming_the_tool_and_nothing_breaks(server: Serve
         )
         assert r.status_code == 400, (named, r.text[:300])
         assert named in r.json()["error"], (named, r.json())
+    choices: list[tuple[Any, str]] = [
+        ({"type": "allowed_tools", "tools": "everything"}, "tool_choice.tools"),
+        ({"type": "allowed_tools", "mode": "sometimes", "tools": []}, "tool_choice.mode"),
+        ({"type": "allowed_tools", "tools": [spawn] * 10_000}, "tool_choice.tools"),
+        ({"type": "allowed_tools", "tools": [[[[]]]]}, "tool_choice.tools[0]"),
+        ({"type": 2**70}, "tool_choice.type"),
+        ({"type": "function", "name": {"deep": [1]}}, "tool_choice.name"),
+        ({"type": "function", "name": "spawn\x00"}, "tool_choice.name"),
+        ("sometimes", "tool_choice"),
+    ]  # fmt: skip
+    for choice, named in choices:
+        body = {"model": MODEL, "input": HI, "tools": [spawn], "tool_choice": choice}
+        r = httpx.post(f"{server.base_url}/v1/responses", json=body, timeout=60)
+        assert r.status_code == 400 and named in r.json()["error"], (named, r.text[:300])
+    # a client's earlier call with a hostile namespace is history the model reads: served, or a
+    # 400 naming the context it overflows, never a 500
+    for namespace, status in (("n\x00" * 20, 200), ("n\x00" * 5000, 400)):
+        odd = {"type": "function_call", "call_id": "c1", "name": "spawn", "namespace": namespace, "arguments": "{}"}
+        body = {"model": MODEL, "input": [{"role": "user", "content": "hi"}, odd,
+                                          {"type": "function_call_output", "call_id": "c1", "output": "done"}],
+                "tools": [spawn], "max_output_tokens": 4, "store": False}  # fmt: skip
+        r = httpx.post(f"{server.base_url}/v1/responses", json=body, timeout=60)
+        assert r.status_code == status, r.text[:300]
+        assert status == 200 or "context" in r.json()["error"]
     # an unknown tool type is served without it, and named
     r = httpx.post(f"{server.base_url}/v1/responses", timeout=60, json={"model": MODEL, "input": HI,
                    "tools": [spawn, {"type": "holodeck_2031"}], "max_output_tokens": 4})  # fmt: skip
