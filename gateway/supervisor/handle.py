@@ -497,7 +497,7 @@ class WorkerHandle:
                 reply = await asyncio.wait_for(_next(pending.queue), limit)
             except TimeoutError:
                 kind = type(msg).__struct_config__.tag
-                raise GatewayTimeout(f"the worker for {self.spec.key.model} did not answer this {kind} request within "
+                raise GatewayTimeout(f"the worker for {self.key.model} did not answer this {kind} request within "
                                      f"{limit:g} s; it was cancelled") from None  # fmt: skip
             answered = True
             self.requests_served += 1
