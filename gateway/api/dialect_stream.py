@@ -4,8 +4,8 @@ Responses): the one driver both streams run, with each dialect's rendering behin
 The driver owns what must not differ between them: the answer is shaped by the same ChoiceShaper
 as a chat stream (reasoning split, tool calls parsed); the stream opens once the prompt is
 admitted (so the opening can carry its token count), and always opens before anything else goes
-out; the answer is counted before its last bytes go out; an error after the first byte becomes
-the dialect's error events; a client that leaves is counted as such.
+out; `render.end`'s events are the stream's ending, sent once the answer is counted; an error
+after the first byte becomes the dialect's error events (the counting is stream_billing's).
 """
 
 from __future__ import annotations
@@ -14,17 +14,14 @@ from collections.abc import AsyncIterator, Sequence
 from typing import Protocol
 
 import msgspec
-import structlog
 from litestar.response import ServerSentEventMessage
 
 from gateway.api.relay import Completion, Tagged
+from gateway.api.stream_billing import FINAL, Stream, billed
 from gateway.chat.shape import ChoiceShaper
 from gateway.errors import GenieXError
-from gateway.ops.accounting import outcome_of
 from protocol.chat import ChunkDelta, Usage
 from protocol.wire import Done, Started
-
-log = structlog.get_logger("gateway.relay")
 
 _encode = msgspec.json.Encoder().encode
 
@@ -58,11 +55,13 @@ class Renderer(Protocol):
     def fail(self, message: str, status: int, started: bool) -> Sequence[msgspec.Struct]: ...
 
 
-async def sse(c: Completion, shaper: ChoiceShaper, render: Renderer, first: Tagged,
-              rest: AsyncIterator[Tagged]) -> AsyncIterator[ServerSentEventMessage]:  # fmt: skip
+def sse(c: Completion, shaper: ChoiceShaper, render: Renderer, first: Tagged,
+        rest: AsyncIterator[Tagged]) -> AsyncIterator[ServerSentEventMessage]:  # fmt: skip
     started = False
-    item = first
-    try:
+
+    async def answer() -> Stream[ServerSentEventMessage]:
+        nonlocal started
+        item = first
         while True:
             _, msg = item
             if not started:  # a worker always sends Started first; never leave the client without the opening
@@ -77,7 +76,8 @@ async def sse(c: Completion, shaper: ChoiceShaper, render: Renderer, first: Tagg
                 tail = shaper.finish()
                 for ev in [*(render.piece(tail[0], msg.completion_tokens) if tail else []), *render.close()]:
                     yield event(ev)
-                c.settle_done(0, msg)  # counted before the last bytes go out
+                c.record_done(0, msg)
+                yield FINAL
                 for ev in render.end(shaper.finish_reason(msg.finish_reason), msg, c.usage()):
                     yield event(ev)
                 return
@@ -92,11 +92,8 @@ async def sse(c: Completion, shaper: ChoiceShaper, render: Renderer, first: Tagg
             for ev in events:
                 yield event(ev)
             item = await anext(rest)
-    except GenieXError as exc:
-        c.settle("error")
-        log.warning("stream failed", error=exc.message, status=exc.status)
-        for ev in render.fail(exc.message, exc.status, started):
-            yield event(ev)
-    except BaseException as exc:  # the client went away (GeneratorExit, CancelledError), or a bug
-        c.settle(outcome_of(exc))
-        raise
+
+    def fail(exc: GenieXError) -> list[ServerSentEventMessage]:
+        return [event(ev) for ev in render.fail(exc.message, exc.status, started)]
+
+    return billed(answer(), c.settle, fail)

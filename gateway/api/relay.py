@@ -12,12 +12,10 @@ import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import TypeVar
 
-import structlog
-
 from gateway.api.encoding import encode
+from gateway.api.stream_billing import FINAL, Stream, billed
 from gateway.chat.shape import ChoiceShaper
-from gateway.errors import GenieXError
-from gateway.ops.accounting import Accounting, outcome_of
+from gateway.ops.accounting import Accounting
 from gateway.supervisor.handle import Streamed, WorkerHandle
 from protocol.chat import (
     ChatCompletion,
@@ -31,8 +29,6 @@ from protocol.chat import (
     Usage,
 )
 from protocol.wire import Delta, Done, Generate, Started
-
-log = structlog.get_logger("gateway.relay")
 
 CHUNK = "chat.completion.chunk"
 T = TypeVar("T")
@@ -58,19 +54,18 @@ class Completion:
         self.accounting.first_token()
 
     def settle(self, outcome: str) -> None:
-        """Count the request once, in the metrics and the ledger, whichever exit the relay takes."""
+        """Count the request once, in the metrics and the ledger, whichever exit the relay takes;
+        an answer that ended "ok" with a choice the worker cancelled counts as cancelled."""
+        if outcome == "ok" and any(d.finish_reason == "cancelled" for d in self.dones.values()):
+            outcome = "cancelled"
         u = self.usage()
         cached = u.prompt_tokens_details.cached_tokens if u.prompt_tokens_details else 0
         self.accounting.settle(outcome, u.prompt_tokens, u.completion_tokens, cached)
 
-    def settle_done(self, index: int, done: Done) -> bool:
-        """Record one choice's Done; True (and the request settled) once every choice is done."""
+    def record_done(self, index: int, done: Done) -> bool:
+        """Record one choice's Done; True once every choice is done."""
         self.dones[index] = done
-        if len(self.dones) < self.n:
-            return False
-        cancelled = any(d.finish_reason == "cancelled" for d in self.dones.values())
-        self.settle("cancelled" if cancelled else "ok")
-        return True
+        return len(self.dones) == self.n
 
     async def guard(self, work: Awaitable[T]) -> T:
         """Await `work`; if it raises, count the request as failed or cancelled, then re-raise."""
@@ -168,7 +163,8 @@ async def collect_events(c: Completion, stream: AsyncIterator[Tagged], on_delta:
             continue
         if isinstance(msg, Done):
             on_done(i, msg)
-            if c.settle_done(i, msg):
+            if c.record_done(i, msg):
+                c.settle("ok")
                 return
             continue
         c.first_token()
@@ -239,19 +235,20 @@ def sse(c: Completion, shapers: list[ChoiceShaper], first: Tagged, rest: AsyncIt
     )
 
 
-async def stream_events(c: Completion, first: Tagged, rest: AsyncIterator[Tagged], opening: list[bytes],
-                        on_delta: Callable[[int, Delta], bytes | None],
-                        on_done: Callable[[int, Done], tuple[bytes | None, bytes]],
-                        usage: Callable[[], bytes] | None, on_started: OnStarted = _ignore) -> AsyncIterator[bytes]:  # fmt: skip
+def stream_events(c: Completion, first: Tagged, rest: AsyncIterator[Tagged], opening: list[bytes],
+                  on_delta: Callable[[int, Delta], bytes | None],
+                  on_done: Callable[[int, Done], tuple[bytes | None, bytes]],
+                  usage: Callable[[], bytes] | None, on_started: OnStarted = _ignore) -> AsyncIterator[bytes]:  # fmt: skip
     """SSE `data:` payloads of any streamed completion, chat or text: `opening`, then a payload per
     Delta (`on_delta`; None sends nothing), and per choice's Done the payloads `on_done` gives: the
-    first before the request is counted (None: nothing), the second after, so the count is settled
-    before the final bytes go out. Errors after the first byte become an error event; then the
-    usage payload (when asked for and every choice finished) and [DONE]."""
-    item = first
-    try:
+    first before the request is counted (None: nothing), the second (the last choice's: the start
+    of the ending) after; then the usage payload (when asked for) and [DONE]. Errors after the
+    first byte become an error payload, then [DONE]."""
+
+    async def payloads() -> Stream[bytes]:
         for payload in opening:
             yield payload
+        item = first
         while True:
             i, msg = item
             if isinstance(msg, Started):
@@ -260,23 +257,19 @@ async def stream_events(c: Completion, first: Tagged, rest: AsyncIterator[Tagged
                 before, after = on_done(i, msg)
                 if before is not None:
                     yield before
-                all_done = c.settle_done(i, msg)
-                yield after
-                if all_done:
+                if c.record_done(i, msg):
+                    yield FINAL
+                    yield after
                     break
+                yield after
             else:
                 c.first_token()
                 c.tokens[i] = msg.n_tokens
                 if (chunk := on_delta(i, msg)) is not None:
                     yield chunk
             item = await anext(rest)
-    except GenieXError as exc:
-        c.settle("error")
-        log.warning("stream failed", error=exc.message, status=exc.status)
-        yield encode({"error": exc.message})
-    except BaseException as exc:  # the client went away (GeneratorExit, CancelledError), or a bug
-        c.settle(outcome_of(exc))
-        raise
-    if usage is not None and len(c.dones) == c.n:
-        yield usage()
-    yield b"[DONE]"
+        if usage is not None:
+            yield usage()
+        yield b"[DONE]"
+
+    return billed(payloads(), c.settle, lambda exc: [encode({"error": exc.message}), b"[DONE]"])

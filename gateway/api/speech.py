@@ -32,8 +32,9 @@ from gateway.api.disconnect import unless_disconnected
 from gateway.api.encoding import encode
 from gateway.api.request_id import current_request_id
 from gateway.api.services import Services
+from gateway.api.stream_billing import FINAL, Stream, billed
 from gateway.errors import GenieXError
-from gateway.ops.accounting import Accounting, outcome_of
+from gateway.ops.accounting import Accounting
 from protocol.speech import SpeechAudioDelta, SpeechAudioDone, SpeechRequest, SpeechUsage
 from protocol.wire import Audio, Done, Speak
 
@@ -57,13 +58,11 @@ class Tally:
         self.samples += len(msg.pcm) // 2
         self.rate = msg.sample_rate
 
-    def done(self, msg: Done) -> SpeechUsage:
+    def done(self, msg: Done) -> None:
         self.ids = msg.prompt_tokens
-        self.accounting.settle("ok", self.ids, 0)
-        return self.usage()
 
-    def failed(self, exc: BaseException) -> None:
-        self.accounting.settle(outcome_of(exc), self.ids, 0)
+    def settle(self, outcome: str) -> None:
+        self.accounting.settle(outcome, self.ids, 0)
 
     def usage(self) -> SpeechUsage:
         seconds = round(self.samples / self.rate, 3) if self.rate else 0.0
@@ -95,6 +94,7 @@ async def collect(stream: AsyncIterator[Audio | Done], tally: Tally) -> bytes:
             chunks.append(msg.pcm)
         else:
             tally.done(msg)
+            tally.settle("ok")
     return b"".join(chunks)
 
 
@@ -102,25 +102,25 @@ def _event(ev: SpeechAudioDelta | SpeechAudioDone) -> ServerSentEventMessage:
     return ServerSentEventMessage(data=encode(ev), event=ev.__struct_config__.tag)  # type: ignore[arg-type]
 
 
-async def events(first: Audio | Done, rest: AsyncIterator[Audio | Done], tally: Tally) -> AsyncIterator[ServerSentEventMessage]:  # fmt: skip
+def events(first: Audio | Done, rest: AsyncIterator[Audio | Done], tally: Tally) -> AsyncIterator[ServerSentEventMessage]:  # fmt: skip
     """A delta event per sentence, then the done event with the usage; an error after the first
     byte becomes an error event (the status has gone out)."""
-    msg = first
-    try:
-        while True:
-            if isinstance(msg, Done):
-                yield _event(SpeechAudioDone(usage=tally.done(msg)))
-                return
+
+    async def sentences() -> Stream[ServerSentEventMessage]:
+        msg = first
+        while isinstance(msg, Audio):
             tally.audio(msg)
             if msg.pcm:
                 yield _event(SpeechAudioDelta(audio=base64.b64encode(msg.pcm).decode("ascii")))
             msg = await anext(rest)
-    except GenieXError as exc:
-        tally.failed(exc)
-        yield ServerSentEventMessage(data=encode({"error": exc.message}), event="error")
-    except BaseException as exc:  # the client went away (GeneratorExit, CancelledError), or a bug
-        tally.failed(exc)
-        raise
+        tally.done(msg)
+        yield FINAL
+        yield _event(SpeechAudioDone(usage=tally.usage()))
+
+    def fail(exc: GenieXError) -> list[ServerSentEventMessage]:
+        return [ServerSentEventMessage(data=encode({"error": exc.message}), event="error")]
+
+    return billed(sentences(), tally.settle, fail)
 
 
 @post("/v1/audio/speech", status_code=200)
