@@ -313,6 +313,11 @@ class Ready(msgspec.Struct, tag="ready", array_like=True, omit_defaults=True):
     # Why the worker runs on the CPU although another unit was asked for (e.g. an NPU chat model
     # whose architecture has no NPU graph); "" when it runs where it was asked to.
     fallback: str = ""
+    # Whether the engine's build can offload to a GPU (llama.cpp: llama_supports_gpu_offload), so
+    # the gateway learns it from its workers and imports no engine itself; false when it does not say.
+    gpu_offload: bool = False
+    # The backend devices the engine sees, e.g. ["CPU (AMD EPYC)", "CUDA0 (NVIDIA H200)"] ([]: it does not say).
+    devices: list[str] = []
 
 
 class Started(msgspec.Struct, tag="started", array_like=True, omit_defaults=True):

@@ -7,7 +7,8 @@ Its "model file" is JSON that says how to behave:
      "crash_after": 7,      the process dies (exit status 3) once this many tokens were generated in all
      "load_s": 0,           loading takes this long
      "hang_on_load": false, loading never ends
-     "embed_unanswered": false} an Embed is taken and never answered (a hung one-shot call)
+     "embed_unanswered": false, an Embed is taken and never answered (a hung one-shot call)
+     "gpu_offload": false}  what its Ready says of its build's GPU offload (what the gateway learns)
 
 Every field is optional. A prompt of "refuse" is refused (EngineError); "raise" meets a bug (RuntimeError). It answers Generate like the llama.cpp engine does (Started, Deltas of
 "tok1 ", "tok2 ", ..., Done) with `--parallel` slots, so queueing, cancellation, crashes, load
@@ -34,6 +35,7 @@ class Behaviour(msgspec.Struct, forbid_unknown_fields=True):
     load_s: float = 0.0
     hang_on_load: bool = False
     embed_unanswered: bool = False
+    gpu_offload: bool = False
 
 
 @dataclass
@@ -68,7 +70,8 @@ class FakeEngine:
 
     def ready(self) -> Ready:
         return Ready(protocol_version=PROTOCOL_VERSION, pid=os.getpid(), engine=self.name, compute=self.compute,
-                     n_ctx=self.nctx, parallel=self.parallel, description="fake engine")  # fmt: skip
+                     n_ctx=self.nctx, parallel=self.parallel, description="fake engine",
+                     gpu_offload=self.behaviour.gpu_offload)  # fmt: skip
 
     def submit(self, req: Generate | Embed) -> None:
         if isinstance(req, Embed):

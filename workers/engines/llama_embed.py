@@ -38,6 +38,7 @@ from workers.engines.llama_runtime import (
     load_model,
     put,
     ready,
+    runs_on,
     tokenize,
 )
 
@@ -57,9 +58,9 @@ class LlamaEmbedEngine(QueuedEngine, VocabTokens):
     def __init__(self, opts: EngineOptions) -> None:
         t0 = time.perf_counter()
         init_backend()
-        model = load_model(opts.model_path, gpu_layers(opts.compute, opts.ngl))
+        self.compute, self.fallback = runs_on(opts.compute)
+        model = load_model(opts.model_path, gpu_layers(self.compute, opts.ngl))
         self.model = model
-        self.compute = opts.compute
         self.vocab = L.llama_model_get_vocab(model)
         self.n_vocab = L.llama_vocab_n_tokens(self.vocab)
         self.n_ctx_train = L.llama_model_n_ctx_train(model)
@@ -184,7 +185,8 @@ class LlamaEmbedEngine(QueuedEngine, VocabTokens):
         return ready(self.model, engine=self.name, compute=self.compute, n_ctx=self.max_len, parallel=1,
                      load_seconds=self.load_seconds,
                      description=f"{kind}, pooling {POOLING_NAMES.get(self.pooling, self.pooling)}",
-                     provider="llama.cpp", n_embd=0 if self.cross_encoder else self.width)  # fmt: skip
+                     provider="llama.cpp", n_embd=0 if self.cross_encoder else self.width,
+                     fallback=self.fallback)  # fmt: skip
 
     def submit(self, req: Embed | Rerank) -> None:
         if isinstance(req, Embed):

@@ -35,6 +35,45 @@ def init_backend() -> None:
     L.llama_log_set(_silent_log, ctypes.c_void_p(0))
 
 
+NO_GPU_OFFLOAD = "this llama.cpp build has no GPU offload"
+
+
+def gpu_offload() -> bool:
+    return bool(L.llama_supports_gpu_offload())
+
+
+def runs_on(compute: str) -> tuple[str, str]:
+    """The unit a llama.cpp worker really runs on, and why it is not `compute` ("" when it is).
+    The gateway asks for `gpu` before any worker has told it whether the build offloads: a build
+    that cannot runs on the CPU and says so, in its log and in Ready.fallback."""
+    if compute == "gpu" and not gpu_offload():
+        log.warning("compute unit unavailable; falling back to cpu", requested=compute, reason=NO_GPU_OFFLOAD)
+        return "cpu", NO_GPU_OFFLOAD
+    return compute, ""
+
+
+def devices() -> list[str]:
+    """The ggml backend devices this build sees, "NAME (description)" each; [] when it cannot say.
+    llama-cpp-python binds none of ggml's device registry, so it is read from libggml directly."""
+    try:
+        from llama_cpp._ggml import libggml as g
+
+        g.ggml_backend_dev_count.restype = ctypes.c_size_t
+        g.ggml_backend_dev_get.argtypes = [ctypes.c_size_t]
+        g.ggml_backend_dev_get.restype = ctypes.c_void_p
+        for fn in (g.ggml_backend_dev_name, g.ggml_backend_dev_description):
+            fn.argtypes = [ctypes.c_void_p]
+            fn.restype = ctypes.c_char_p
+        devs = [g.ggml_backend_dev_get(i) for i in range(g.ggml_backend_dev_count())]
+        return [
+            f"{g.ggml_backend_dev_name(d).decode(errors='replace')} "
+            f"({g.ggml_backend_dev_description(d).decode(errors='replace')})"
+            for d in devs
+        ]
+    except (ImportError, AttributeError, OSError):  # a build or binding without the registry: not worth failing a load
+        return []
+
+
 def gpu_layers(compute: str, ngl: int) -> int:
     """The `ngl` rule: layers offload only when the worker runs on the GPU; -1 means all of them."""
     if compute != "gpu":
@@ -193,6 +232,8 @@ def ready(model: ctypes.c_void_p, *, engine: str, compute: str, n_ctx: int, para
         load_seconds=round(load_seconds, 3),
         description=f"{base} ({description})" if description else base,
         cpu_features=cpu_features(),
+        gpu_offload=gpu_offload(),
+        devices=devices(),
         **facts,  # type: ignore[arg-type]  # the engine's own Ready fields
     )
 

@@ -50,7 +50,7 @@ from workers.engines.llama.logits import LogitsJob
 from workers.engines.llama.logprobs import token_logprobs
 from workers.engines.llama.media import Media, MediaPrompt, flatten, text_run
 from workers.engines.llama.sampling import build_sampler
-from workers.engines.llama.slots import Queued, Slot, Slots
+from workers.engines.llama.slots import Queued, Run, Slot, Slots, SlotState
 from workers.engines.llama.speculation import Speculator
 from workers.engines.llama_runtime import (
     Threads,
@@ -63,6 +63,7 @@ from workers.engines.llama_runtime import (
     piece,
     put,
     ready,
+    runs_on,
     slot_context,
     tokenize,
 )
@@ -82,13 +83,13 @@ class LlamaEngine(VocabTokens):
     def __init__(self, opts: EngineOptions) -> None:
         t0 = time.perf_counter()
         init_backend()
-        self.n_gpu_layers = gpu_layers(opts.compute, opts.ngl)
+        self.compute, self.fallback = runs_on(opts.compute)
+        self.n_gpu_layers = gpu_layers(self.compute, opts.ngl)
         self.model = model = load_model(opts.model_path, self.n_gpu_layers)
         self.vocab = L.llama_model_get_vocab(model)
         self.n_vocab = L.llama_vocab_n_tokens(self.vocab)
         self.nctx = opts.nctx
         self.parallel = max(1, opts.parallel or 1)
-        self.compute = opts.compute
         threads = default_threads(opts.threads)
         self.ctx = slot_context(model, nctx=self.nctx, parallel=self.parallel, n_batch=N_BATCH, threads=threads)
         self.mem = L.llama_get_memory(self.ctx)
@@ -124,7 +125,7 @@ class LlamaEngine(VocabTokens):
     def ready(self) -> Ready:
         return ready(self.model, engine=self.name, compute=self.compute, n_ctx=self.nctx, parallel=self.parallel,
                      load_seconds=self.load_seconds, chat_template=self.template.is_native,
-                     tool_format=self.template.tool_format)  # fmt: skip
+                     tool_format=self.template.tool_format, fallback=self.fallback)  # fmt: skip
 
     def submit(self, req: Generate | CountTokens | Logits) -> None:
         if isinstance(req, CountTokens):
@@ -180,10 +181,10 @@ class LlamaEngine(VocabTokens):
             emit(Done(req_id, "cancelled"))
             return
         if (slot := self.slots.find(req_id)) is not None:
-            assert slot.req is not None
-            log.info("cancelled", request_id=slot.req.log_id, generated=slot.n_gen)
-            acc, rej = (slot.spec.accepted, slot.spec.rejected) if slot.spec else (0, 0)
-            emit(Done(req_id, "cancelled", prompt_tokens=slot.n_prompt, completion_tokens=slot.n_gen,
+            run = slot.run
+            log.info("cancelled", request_id=run.req.log_id, generated=run.n_gen)
+            acc, rej = (run.spec.accepted, run.spec.rejected) if run.spec else (0, 0)
+            emit(Done(req_id, "cancelled", prompt_tokens=run.n_prompt, completion_tokens=run.n_gen,
                       accepted_tokens=acc, rejected_tokens=rej))  # fmt: skip
             self._release(slot, completed=False)
 
@@ -229,30 +230,34 @@ class LlamaEngine(VocabTokens):
         # Running sequences first: one token each (plus a draft to verify), so they never
         # wait behind a prompt.
         for slot in self.slots:
-            slot.row = -1
-            if slot.req is not None and not slot.pending_prompt:
-                n = put(batch, n, slot.last_token, slot.n_past, slot.seq)
-                slot.row = n - 1
-                slot.n_past += 1
-                if slot.spec is not None and slot.spec.draft:
-                    for tok in slot.spec.draft:
-                        n = put(batch, n, tok, slot.n_past, slot.seq)
-                        slot.n_past += 1
+            if slot.state is SlotState.FREE:
+                continue
+            run = slot.run
+            run.row = -1
+            if slot.state is SlotState.DECODE:
+                n = put(batch, n, run.last_token, run.n_past, slot.seq)
+                run.row = n - 1
+                run.n_past += 1
+                if run.spec is not None and run.spec.draft:
+                    for tok in run.spec.draft:
+                        n = put(batch, n, tok, run.n_past, slot.seq)
+                        run.n_past += 1
         # Then prompt chunks, as much as the batch holds.
         limit = TENTATIVE_BATCH if self.threads.tentative else N_BATCH
         for slot in self.slots:
-            if slot.req is None or not slot.pending_prompt or n >= limit:
+            if slot.state is not SlotState.PREFILL or n >= limit:
                 continue
-            take = min(text_run(slot.pending_prompt), limit - n)  # up to the next image, if any
+            run = slot.run
+            take = min(text_run(run.pending_prompt), limit - n)  # up to the next image, if any
             if take == 0:
                 continue
-            chunk, slot.pending_prompt = slot.pending_prompt[:take], slot.pending_prompt[take:]
+            chunk = slot.feed(take)
+            ends = slot.state is SlotState.DECODE  # the prompt's last token: its logits give the first token
             for j, tok in enumerate(chunk):
-                last = not slot.pending_prompt and j == take - 1
-                n = put(batch, n, tok, slot.n_past + j, slot.seq, last)
-            slot.n_past += take
-            if not slot.pending_prompt:
-                slot.row = n - 1
+                n = put(batch, n, tok, run.n_past + j, slot.seq, ends and j == take - 1)
+            run.n_past += take
+            if ends:
+                run.row = n - 1
         if n == 0:
             return
         batch.n_tokens = n
@@ -261,19 +266,19 @@ class LlamaEngine(VocabTokens):
         self.threads.after_step(n, time.perf_counter() - t0)
         if rc != 0:
             for slot in self.slots:
-                if slot.req is not None and slot.row >= 0:
-                    emit(Failed(slot.req.req_id, ErrorKind.ENGINE, f"llama_decode failed with status {rc}"))
+                if slot.state is SlotState.DECODE and slot.run.row >= 0:
+                    emit(Failed(slot.run.req.req_id, ErrorKind.ENGINE, f"llama_decode failed with status {rc}"))
                     self._release(slot, completed=False)
             return
         for slot in self.slots:
-            if slot.req is not None and slot.row >= 0:
+            if slot.state is SlotState.DECODE and slot.run.row >= 0:
+                run = slot.run
                 try:
-                    if slot.spec is not None and slot.spec.draft:
+                    if run.spec is not None and run.spec.draft:
                         self.speculator.verify(slot, self.ctx, self.mem,
                                                lambda s, tok, row: self._take(s, tok, emit, row))  # fmt: skip
                     else:
-                        assert slot.sampler is not None
-                        self._take(slot, slot.sampler.sample(self.ctx, slot.row), emit, slot.row)
+                        self._take(slot, run.sampler.sample(self.ctx, run.row), emit, run.row)
                 except Exception as exc:  # noqa: BLE001 - one request's failure is not its neighbours'
                     self._fail(slot, exc, emit)
 
@@ -283,89 +288,91 @@ class LlamaEngine(VocabTokens):
         tokens, so it runs on its own, and only one per step: the other slots decode between images."""
         assert self.media is not None
         for slot in self.slots:
-            if slot.req is None or slot.media is None or not slot.pending_prompt or slot.pending_prompt[0] >= 0:
+            if slot.state is not SlotState.PREFILL:
                 continue
-            chunk = slot.media.at.get(slot.n_past)
+            run = slot.run
+            if run.media is None or run.pending_prompt[0] >= 0:
+                continue
+            chunk = run.media.at.get(run.n_past)
             try:
                 if chunk is None:
                     raise EngineError("an image's place in the prompt was lost", kind=ErrorKind.ENGINE)
                 t0 = time.perf_counter()
-                new_past = self.media.evaluate(chunk, self.ctx, slot.n_past, slot.seq, N_BATCH)
-                self.threads.after_step(new_past - slot.n_past, time.perf_counter() - t0)
+                new_past = self.media.evaluate(chunk, self.ctx, run.n_past, slot.seq, N_BATCH)
+                self.threads.after_step(new_past - run.n_past, time.perf_counter() - t0)
             except Exception as exc:  # noqa: BLE001 - one request's failure is not its neighbours'
                 self._fail(slot, exc, emit)
                 return
-            slot.pending_prompt = slot.pending_prompt[new_past - slot.n_past :]
-            slot.n_past = new_past
+            slot.feed(new_past - run.n_past)
+            run.n_past = new_past
             return
 
     def _take(self, slot: Slot, tok: int, emit: Emit, row: int) -> bool:
         """Emit one sampled token; False when it ended the generation (the slot is released)."""
-        req = slot.req
-        assert req is not None and slot.text is not None
-        slot.n_gen += 1
+        run = slot.run
+        req = run.req
+        run.n_gen += 1
         self.tokens_generated += 1
         if L.llama_vocab_is_eog(self.vocab, tok):
-            slot.n_gen -= 1  # the end-of-generation token is not part of the answer
+            run.n_gen -= 1  # the end-of-generation token is not part of the answer
             self._finish(slot, "stop", emit)
             return False
         text_bytes = piece(self.vocab, tok, req.special, self._piece_buf)
-        if slot.logprobs is not None:
-            slot.logprobs.append(token_logprobs(self.ctx, row, self.n_vocab, tok, text_bytes, req.logprobs,
-                                                lambda t: piece(self.vocab, t, False, self._piece_buf)))  # fmt: skip
-        text = slot.text.feed(text_bytes)
-        if slot.text.stopped:
+        if run.logprobs is not None:
+            run.logprobs.append(token_logprobs(self.ctx, row, self.n_vocab, tok, text_bytes, req.logprobs,
+                                               lambda t: piece(self.vocab, t, False, self._piece_buf)))  # fmt: skip
+        text = run.text.feed(text_bytes)
+        if run.text.stopped:
             if text:
-                self._emit_text(slot, text, emit)
+                self._emit_text(run, text, emit)
             self._finish(slot, "stop", emit, flush=False)
             return False
         if text:
-            self._emit_text(slot, text, emit)
-        if slot.n_gen >= slot.max_tokens:
+            self._emit_text(run, text, emit)
+        if run.n_gen >= run.max_tokens:
             self._finish(slot, "length", emit)
             return False
-        slot.last_token = tok
+        run.last_token = tok
         slot.history.append(tok)
         return True
 
-    def _emit_text(self, slot: Slot, text: str, emit: Emit, *, final: bool = False) -> None:
-        assert slot.req is not None
+    def _emit_text(self, run: Run, text: str, emit: Emit, *, final: bool = False) -> None:
         if self.coalesce and not final:
             now = time.perf_counter()
-            if slot.n_gen > 1 and now - slot.last_emit < self.coalesce_s:
-                slot.held += text  # goes out with the next Delta
+            if run.n_gen > 1 and now - run.last_emit < self.coalesce_s:
+                run.held += text  # goes out with the next Delta
                 return
-            slot.last_emit = now
-        if slot.held:
-            text, slot.held = slot.held + text, ""
-        if slot.logprobs:  # the tokens this text came from (a held-back token waits for its text)
-            emit(LogprobDelta(slot.req.req_id, text, slot.n_gen, slot.logprobs))
-            slot.logprobs = []
+            run.last_emit = now
+        if run.held:
+            text, run.held = run.held + text, ""
+        if run.logprobs:  # the tokens this text came from (a held-back token waits for its text)
+            emit(LogprobDelta(run.req.req_id, text, run.n_gen, run.logprobs))
+            run.logprobs = []
         else:
-            emit(Delta(slot.req.req_id, text, slot.n_gen))
+            emit(Delta(run.req.req_id, text, run.n_gen))
 
     def _finish(self, slot: Slot, reason: str, emit: Emit, *, flush: bool = True) -> None:
-        req = slot.req
-        assert req is not None and slot.text is not None
-        rest = slot.text.flush() if flush else ""
-        if rest or slot.held:
-            self._emit_text(slot, rest, emit, final=True)
-        elif slot.logprobs:  # tokens whose text never showed (e.g. a lone partial character)
-            emit(LogprobDelta(req.req_id, "", slot.n_gen, slot.logprobs))
-        acc, rej = (slot.spec.accepted, slot.spec.rejected) if slot.spec else (0, 0)
-        emit(Done(req.req_id, reason, prompt_tokens=slot.n_prompt, completion_tokens=slot.n_gen,
-                  cached_tokens=slot.n_cached, accepted_tokens=acc, rejected_tokens=rej,
-                  stop_sequence=slot.text.matched))  # fmt: skip
-        secs = time.perf_counter() - slot.started
-        extra = {"spec": slot.spec.cfg.type, "accepted": acc, "rejected": rej} if slot.spec else {}
-        log.info("generation done", request_id=req.log_id, finish=reason, prompt_tokens=slot.n_prompt,
-                 completion_tokens=slot.n_gen, seconds=round(secs, 3), **extra)  # fmt: skip
+        run = slot.run
+        req = run.req
+        rest = run.text.flush() if flush else ""
+        if rest or run.held:
+            self._emit_text(run, rest, emit, final=True)
+        elif run.logprobs:  # tokens whose text never showed (e.g. a lone partial character)
+            emit(LogprobDelta(req.req_id, "", run.n_gen, run.logprobs))
+        acc, rej = (run.spec.accepted, run.spec.rejected) if run.spec else (0, 0)
+        emit(Done(req.req_id, reason, prompt_tokens=run.n_prompt, completion_tokens=run.n_gen,
+                  cached_tokens=run.n_cached, accepted_tokens=acc, rejected_tokens=rej,
+                  stop_sequence=run.text.matched))  # fmt: skip
+        secs = time.perf_counter() - run.started
+        extra = {"spec": run.spec.cfg.type, "accepted": acc, "rejected": rej} if run.spec else {}
+        log.info("generation done", request_id=req.log_id, finish=reason, prompt_tokens=run.n_prompt,
+                 completion_tokens=run.n_gen, seconds=round(secs, 3), **extra)  # fmt: skip
         self._release(slot, completed=True)
 
     def _fail(self, slot: Slot, exc: Exception, emit: Emit) -> None:
-        assert slot.req is not None
-        log.exception("request failed in the worker", request_id=slot.req.log_id, error=repr(exc))
-        emit(Failed(slot.req.req_id, ErrorKind.ENGINE, f"the worker failed this request ({type(exc).__name__})"))
+        req = slot.run.req
+        log.exception("request failed in the worker", request_id=req.log_id, error=repr(exc))
+        emit(Failed(req.req_id, ErrorKind.ENGINE, f"the worker failed this request ({type(exc).__name__})"))
         self._release(slot, completed=False)
 
     def _release(self, slot: Slot, *, completed: bool) -> None:

@@ -1,6 +1,9 @@
 """The chat engine's sequence slots: who waits, who runs in which KV sequence, what each keeps.
 
 A request waits in `Slots.waiting` (already tokenized, its sampler built) until a slot is free.
+In a slot it goes FREE -> PREFILL -> DECODE -> FREE (`SlotState`); everything it brings lives in
+one `Run` that `Slot.reset` drops whole, so no field of it outlives the request, and only the
+slot's KV (`history` and its tags) is left for the next one.
 Prompt caching, automatic and per tenant (`Generate.cache_key`):
 
 - A slot whose request completed keeps its KV, tagged with the request's tenant. A cancelled or
@@ -15,6 +18,7 @@ Prompt caching, automatic and per tenant (`Generate.cache_key`):
 from __future__ import annotations
 
 import ctypes
+import enum
 import time
 from collections import deque
 from collections.abc import Callable
@@ -42,35 +46,109 @@ MIN_COPY_TOKENS = 16
 MIN_SAVE_TOKENS = 64
 
 
+class SlotState(enum.Enum):
+    """Where a slot's request is. The step puts a PREFILL slot's prompt chunks and a DECODE slot's
+    last token in its batch, and samples a slot only once it is in DECODE."""
+
+    FREE = "free"  # no request; the KV of the last one may stay for its tenant (`Slot.cacheable`)
+    PREFILL = "prefill"  # prompt keys not yet in the KV (text chunks, or an image next)
+    DECODE = "decode"  # generating: one token (plus a draft) per step
+
+
+# A request always goes through PREFILL (at least one prompt token is evaluated, for logits to
+# sample from), and may leave from either phase: cancelled or failed while prefilling, or done.
+_NEXT: dict[SlotState, frozenset[SlotState]] = {
+    SlotState.FREE: frozenset({SlotState.PREFILL}),
+    SlotState.PREFILL: frozenset({SlotState.DECODE, SlotState.FREE}),
+    SlotState.DECODE: frozenset({SlotState.FREE}),
+}
+
+
+class SlotStateError(RuntimeError):
+    """A slot was asked to change state in a way its lifecycle does not allow (an engine bug: a
+    second release would free a sampler twice)."""
+
+
 @dataclass
-class Slot:
-    seq: int
-    req: Generate | None = None
-    pending_prompt: list[int] = field(default_factory=list)
-    n_past: int = 0
-    n_prompt: int = 0
-    n_gen: int = 0
-    max_tokens: int = 0
-    last_token: int = -1
-    row: int = -1  # this step's output row in the batch, or -1
-    sampler: Sampler | None = None
-    text: TextStream | None = None
-    started: float = 0.0
-    n_cached: int = 0  # prompt tokens whose KV was reused from the previous turn
-    # Tokens whose KV this slot holds, kept after a GenieX-KeepCache request so the
-    # next turn of the same conversation only evaluates what is new.
-    history: list[int] = field(default_factory=list)
+class Run:
+    """What a slot holds for the request it serves, dropped whole when the request leaves so
+    that nothing of it can leak into the next one."""
+
+    req: Generate
+    sampler: Sampler
+    text: TextStream
+    pending_prompt: list[int]  # prompt keys not yet in the KV
+    n_prompt: int
+    n_cached: int  # prompt tokens whose KV was reused from a previous turn
+    n_past: int  # positions of this sequence in the KV (valid up to what is decoded)
+    max_tokens: int
+    started: float
+    media: MediaPrompt | None = None  # the images of the prompt (llama/media.py)
     spec: SpecState | None = None  # set only for a request that speculates
     logprobs: list[TokenLogprob] | None = None  # tokens not yet sent, for a request that wants logprobs
+    n_gen: int = 0
+    last_token: int = -1
+    row: int = -1  # this step's output row in the batch, or -1
     held: str = ""  # text waiting for the next Delta (see LlamaEngine._emit_text)
     last_emit: float = 0.0
-    # The kept KV (`history`) after the request: whose it is, whether a completed request that
-    # allows caching left it, whether GenieX-KeepCache asked to keep it, and when it was last used.
+
+
+@dataclass
+class Slot:
+    """One KV sequence. Its state and its `Run` change only through `start`, `feed` and `reset`;
+    the other fields describe the KV it keeps across requests, and are `Slots`' to manage."""
+
+    seq: int
+    # Tokens whose KV this slot holds, kept after a request so that the next turn of the same
+    # conversation only evaluates what is new.
+    history: list[int] = field(default_factory=list)
+    # Whose that KV is, whether a completed request that allows caching left it, whether
+    # GenieX-KeepCache asked to keep it, and when it was last used.
     tenant: str = ""
     cacheable: bool = False
     pinned: bool = False
     used: float = 0.0
-    media: MediaPrompt | None = None  # the images of a prompt still prefilling (llama/media.py)
+    state: SlotState = field(default=SlotState.FREE, init=False)
+    _run: Run | None = field(default=None, init=False, repr=False)
+
+    @property
+    def run(self) -> Run:
+        """The request this slot serves; only a busy slot has one."""
+        if self._run is None:
+            raise SlotStateError(f"slot {self.seq} is free: it has no request")
+        return self._run
+
+    def start(self, run: Run) -> None:
+        if not run.pending_prompt:
+            raise SlotStateError(f"slot {self.seq}: a request starts with at least one prompt token to evaluate")
+        self._move(SlotState.PREFILL)
+        self._run = run
+
+    def feed(self, n: int) -> list[int]:
+        """The next `n` prompt keys, taken off the pending prompt. Taking the prompt's last key
+        ends PREFILL: its logits, after this step's decode, give the first token."""
+        if self.state is not SlotState.PREFILL:
+            raise SlotStateError(f"slot {self.seq} is {self.state.value}: it has no prompt to feed")
+        run = self.run
+        chunk, run.pending_prompt = run.pending_prompt[:n], run.pending_prompt[n:]
+        if not run.pending_prompt:
+            self._move(SlotState.DECODE)
+        return chunk
+
+    def reset(self) -> None:
+        """The request leaves: its native sampler and images are freed, and the slot is FREE again.
+        What stays of its KV is decided by `Slots.release` before."""
+        self._move(SlotState.FREE)
+        run, self._run = self._run, None
+        assert run is not None
+        run.sampler.free()
+        if run.media is not None:
+            run.media.free()
+
+    def _move(self, to: SlotState) -> None:
+        if to not in _NEXT[self.state]:
+            raise SlotStateError(f"slot {self.seq}: no transition from {self.state.value} to {to.value}")
+        self.state = to
 
 
 @dataclass
@@ -98,13 +176,13 @@ class Slots:
         return iter(self.slots)
 
     def running(self) -> int:
-        return sum(s.req is not None for s in self.slots)
+        return sum(s.state is not SlotState.FREE for s in self.slots)
 
     def free(self) -> list[Slot]:
-        return [s for s in self.slots if s.req is None]
+        return [s for s in self.slots if s.state is SlotState.FREE]
 
     def find(self, req_id: int) -> Slot | None:
-        return next((s for s in self.slots if s.req is not None and s.req.req_id == req_id), None)
+        return next((s for s in self.slots if s.state is not SlotState.FREE and s.run.req.req_id == req_id), None)
 
     def unqueue(self, req_id: int) -> Queued | None:
         for i, q in enumerate(self.waiting):
@@ -123,26 +201,18 @@ class Slots:
             req, tokens = q.req, q.tokens
             slot, reuse = self._place(free, req, tokens)
             self._log(req, slot, len(tokens), reuse)
-            slot.req = req
             slot.history = list(tokens)
-            slot.pending_prompt = tokens[reuse:]
-            slot.n_prompt = q.media.n_tokens if q.media is not None else len(tokens)
-            slot.media = q.media
-            slot.n_cached = reuse
-            slot.n_past = reuse
-            slot.n_gen = 0
             slot.tenant = req.cache_key
             slot.cacheable = False
             slot.pinned = req.keep_cache
             wanted = req.max_tokens if req.max_tokens is not None else DEFAULT_MAX_TOKENS
-            slot.max_tokens = max(1, min(wanted, self.nctx - len(tokens)))
-            slot.sampler = q.sampler
-            slot.text = TextStream(req.stop)
-            slot.logprobs = [] if req.logprobs >= 0 else None
-            if req.speculation is not None:
-                slot.spec = speculate(req.speculation)
-            slot.started = time.perf_counter()
-            emit(Started(req.req_id, slot.n_prompt, reuse, q.reasoning_open, self.cache.bytes, self.cache.evictions))
+            n_prompt = q.media.n_tokens if q.media is not None else len(tokens)
+            slot.start(Run(req, q.sampler, TextStream(req.stop), pending_prompt=tokens[reuse:], n_prompt=n_prompt,
+                           n_cached=reuse, n_past=reuse, max_tokens=max(1, min(wanted, self.nctx - len(tokens))),
+                           started=time.perf_counter(), media=q.media,
+                           spec=speculate(req.speculation) if req.speculation is not None else None,
+                           logprobs=[] if req.logprobs >= 0 else None))  # fmt: skip
+            emit(Started(req.req_id, n_prompt, reuse, q.reasoning_open, self.cache.bytes, self.cache.evictions))
 
     def _place(self, free: list[Slot], req: Generate, tokens: list[int]) -> tuple[Slot, int]:
         """The slot for this prompt and how many of its tokens already have KV there: the longest
@@ -156,9 +226,12 @@ class Slots:
         source: Slot | prompt_cache.Entry | None = None
         n_copy = 0
         if req.cache:
-            for s in self.slots:  # a busy slot's KV is valid up to what it has decoded
-                if s is not in_place and s.tenant == req.cache_key and (s.cacheable or s.req is not None):
-                    n = whole_media(tokens, min(common_prefix(s.history, tokens), s.n_past, limit))
+            for s in self.slots:
+                busy = s.state is not SlotState.FREE
+                if s is not in_place and s.tenant == req.cache_key and (s.cacheable or busy):
+                    # A busy slot's KV is valid up to what it has decoded; a free one's is its history.
+                    valid = s.run.n_past if busy else len(s.history)
+                    n = whole_media(tokens, min(common_prefix(s.history, tokens), valid, limit))
                     if n > n_copy:
                         source, n_copy = s, n
             entry, n = self.cache.best(req.cache_key, tokens)
@@ -208,33 +281,21 @@ class Slots:
     def release(self, slot: Slot, completed: bool) -> None:
         """Free the slot. A completed request that allows caching leaves its KV for the next one
         of its tenant; anything else leaves nothing."""
-        if slot.sampler is not None:
-            slot.sampler.free()
-        if slot.media is not None:
-            slot.media.free()
-            slot.media = None
-        req = slot.req
-        if completed and req is not None and req.cache and not slot.pending_prompt:
+        run = slot.run
+        if completed and run.req.cache and slot.state is SlotState.DECODE:
             # The last sampled token was never decoded, so its KV does not exist.
-            slot.history = slot.history[: slot.n_past]
+            slot.history = slot.history[: run.n_past]
             slot.cacheable = True
         else:
             L.llama_memory_seq_rm(self.mem, slot.seq, -1, -1)
             slot.history = []
             slot.cacheable = False
         slot.used = time.monotonic()
-        slot.req = None
-        slot.sampler = None
-        slot.text = None
-        slot.logprobs = None
-        slot.spec = None
-        slot.held = ""
-        slot.pending_prompt = []
-        slot.row = -1
+        slot.reset()
 
     def close(self) -> None:
         for slot in self.slots:
-            if slot.req is not None:
+            if slot.state is not SlotState.FREE:
                 self.release(slot, completed=False)
         for q in self.waiting:
             q.sampler.free()

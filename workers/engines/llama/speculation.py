@@ -25,7 +25,7 @@ from protocol.wire import DRAFT_MODEL_SPEC_TYPES, Speculation
 from workers.engines import EngineError
 from workers.engines.llama.draft_model import DraftModel, SpecState
 from workers.engines.llama.drafters import make_drafter
-from workers.engines.llama.slots import Slot
+from workers.engines.llama.slots import Slot, SlotState
 
 log = structlog.get_logger("worker.llama")
 
@@ -60,10 +60,11 @@ class Speculator:
         return SpecState(cfg, drafter=make_drafter(cfg.type))
 
     def release(self, slot: Slot) -> None:
-        if slot.spec is None:
+        spec = slot.run.spec if slot.state is not SlotState.FREE else None
+        if spec is None:
             return
-        if slot.spec.model is not None:
-            slot.spec.model.forget(slot.seq)  # the next request of this slot starts a fresh draft KV
+        if spec.model is not None:
+            spec.model.forget(slot.seq)  # the next request of this slot starts a fresh draft KV
         self.active -= 1
 
     def contexts(self) -> Iterable[ctypes.c_void_p]:
@@ -96,12 +97,15 @@ class Speculator:
         """Give each speculating, generating slot this step's draft (possibly none)."""
         by_model: dict[DraftModel, list[tuple[int, list[int], int, SpecState]]] = {}
         for slot in slots:
-            spec = slot.spec
-            if spec is None or slot.req is None or slot.pending_prompt:
+            if slot.state is not SlotState.DECODE:
+                continue
+            run = slot.run
+            spec = run.spec
+            if spec is None:
                 continue
             spec.draft = []
             # Drafting past the token that ends by length would only be thrown away.
-            budget = min(spec.cfg.n_max, self.cap, slot.max_tokens - slot.n_gen - 1)
+            budget = min(spec.cfg.n_max, self.cap, run.max_tokens - run.n_gen - 1)
             if budget < max(1, spec.cfg.n_min):
                 continue
             if spec.drafter is not None:
@@ -115,28 +119,29 @@ class Speculator:
 
     def verify(self, slot: Slot, ctx: ctypes.c_void_p, mem: ctypes.c_void_p, take: Take) -> None:
         """Sample the rows of [last_token, d1..dk] in order; keep the draft while it matches."""
-        spec = slot.spec
-        assert spec is not None and slot.sampler is not None
+        run = slot.run
+        spec = run.spec
+        assert spec is not None
         draft, spec.draft = spec.draft, []
         k = len(draft)
-        base = slot.n_past - k - 1  # the position of last_token
+        base = run.n_past - k - 1  # the position of last_token
         acc0, rej0 = spec.accepted, spec.rejected
         accepted = 0
         for i in range(k + 1):
-            tok = slot.sampler.sample(ctx, slot.row + i)
+            tok = run.sampler.sample(ctx, run.row + i)
             hit = i < k and tok == draft[i]
             accepted += hit
             # Before take(): it may finish the request, and Done carries these counts. The KV
             # is valid up to last_token + the i draft tokens confirmed before this row.
             spec.accepted, spec.rejected = acc0 + accepted, rej0 + k - accepted
-            slot.n_past = base + 1 + i
-            if not take(slot, tok, slot.row + i):
+            run.n_past = base + 1 + i
+            if not take(slot, tok, run.row + i):
                 return
             if not hit:
                 break
-        slot.n_past = base + 1 + accepted
+        run.n_past = base + 1 + accepted
         if accepted < k:
-            L.llama_memory_seq_rm(mem, slot.seq, slot.n_past, -1)
+            L.llama_memory_seq_rm(mem, slot.seq, run.n_past, -1)
         if spec.model is not None:
             spec.model.commit(slot.seq, spec, accepted)
 
