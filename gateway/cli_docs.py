@@ -1,26 +1,26 @@
-"""The settings table of docs/operating.md, made from `geniex serve`'s parser: each flag's name, its
-`GENIEX_*` variable, its default and its help are declared once, in gateway/cli.py, and `make docs`
-writes them between the table's markers. tests/unit/test_cli.py fails when the page is stale.
+"""The settings table of docs/operating.md, made from the settings' declarations: each flag's name,
+its `GENIEX_*` variable, type, default, help and the process that reads it are declared once, in
+gateway/ops/settings.py, and `make docs` writes them between the table's markers. tests/unit/test_cli.py fails when the page is stale.
 
     python -m gateway.cli_docs docs/operating.md     # rewrite the table in place
 """
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
 from gateway import cli
+from gateway.ops.settings import Setting, declared
 
-BEGIN = "<!-- settings: made by `make docs` from gateway/cli.py; edit the flags' help there -->"
+BEGIN = "<!-- settings: made by `make docs` from gateway/ops/settings.py; edit the help there -->"
 END = "<!-- /settings -->"
 
 
-def _default(action: argparse.Action) -> str:
-    if isinstance(action, argparse._StoreTrueAction | argparse._StoreFalseAction):
+def _default(s: Setting) -> str:
+    if s.kind is bool:
         return "off"
-    value = action.default
+    value = s.default
     if value is None or value == []:
         return "(none)"
     if isinstance(value, float) and value.is_integer():
@@ -28,15 +28,26 @@ def _default(action: argparse.Action) -> str:
     return f"`{value}`" if isinstance(value, str) else str(value)
 
 
-def table(parser: argparse.ArgumentParser | None = None) -> str:
-    rows = ["| flag | variable | default | meaning |", "|---|---|---|---|"]
-    for action in cli.serve_flags(parser or cli.serve_parser()):
-        flag = action.option_strings[0]
-        meaning = " ".join((action.help or "").split()).replace("|", "\\|")
-        if len(action.option_strings) > 1:  # a renamed flag: its old spelling still works, with a warning
-            old = action.option_strings[1]
-            meaning += f" (formerly `{old}` and `{cli.env_name(old)}`: still read, with a warning)"
-        rows.append(f"| `{flag}` | `{cli.env_name(flag)}` | {_default(action)} | {meaning} |")
+def _type(s: Setting) -> str:
+    if s.kind is bool:
+        return "switch"
+    name = {Path: "path", str: "text", int: "integer", float: "number"}[s.kind]
+    if s.flag.choices:
+        name = "one of " + ", ".join(f"`{c}`" for c in s.flag.choices)
+    if s.is_list:
+        return f"{name}, comma-separated" if s.flag.csv else f"{name}, repeatable"
+    return name
+
+
+def table() -> str:
+    rows = ["| flag | variable | type | default | read by | meaning |", "|---|---|---|---|---|---|"]
+    for s in declared():
+        meaning = " ".join(s.flag.help.split()).replace("|", "\\|")
+        if s.flag.old:  # a renamed flag: its old spelling still works, with a warning
+            meaning += f" (formerly `{s.flag.old}` and `{cli.env_name(s.flag.old)}`: still read, with a warning)"
+        rows.append(
+            f"| `{s.option}` | `{cli.env_name(s.option)}` | {_type(s)} | {_default(s)} | {s.flag.reads} | {meaning} |"
+        )
     return "\n".join(rows)
 
 

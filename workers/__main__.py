@@ -1,8 +1,8 @@
-"""`python -m workers --engine llama_cpp --model PATH ...`: one worker process."""
+"""`python -m workers --engine llama_cpp --model-path PATH ...`: one worker process, its arguments
+those of protocol/worker_args.py."""
 
 from __future__ import annotations
 
-import argparse
 import ctypes
 import os
 import signal
@@ -15,6 +15,7 @@ skip_rich()  # before structlog is imported, below
 # telemetry host from Linux during session.run (seen with strace): a local server sends nothing out.
 os.environ.setdefault("ORT_DISABLE_TELEMETRY", "1")
 
+from protocol import worker_args  # noqa: E402
 from protocol.logs import configure_logging  # noqa: E402
 
 PR_SET_PDEATHSIG = 1
@@ -60,27 +61,11 @@ def _offer_to_oom_killer(raise_by: int = OOM_SCORE_ADJ_RAISE, path: str = "/proc
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m workers")
-    p.add_argument("--engine", default="llama_cpp")
-    p.add_argument("--model", dest="model_path", required=True)
-    p.add_argument("--compute", default="cpu")
-    p.add_argument("--nctx", type=int, default=4096)
-    p.add_argument("--ngl", type=int, default=0)
-    p.add_argument("--parallel", type=int, default=0)
-    p.add_argument("--threads", type=int, default=0)
-    p.add_argument("--stream-interval-ms", type=int, default=0)
-    p.add_argument("--nice", type=int, default=0)
-    p.add_argument("--batch-tokens", type=int, default=0)
-    p.add_argument("--cache-ram-mb", type=int, default=0)
-    p.add_argument("--cache-dir", default="")  # the NPU chat engine's converted graphs
-    p.add_argument("--mmproj", default="")
-    p.add_argument("--inbox", required=True)
-    p.add_argument("--outbox", required=True)
-    p.add_argument("--parent-pid", type=int, required=True)
-    p.add_argument("--name", default="worker")
-    p.add_argument("--log-level", default="info")
-    args = p.parse_args(argv)
-
+    try:
+        args = worker_args.parse(sys.argv[1:] if argv is None else argv)
+    except ValueError as exc:
+        print(f"python -m workers: {exc}", file=sys.stderr)
+        return 2
     _die_with_parent(args.parent_pid)
     _lower_priority(args.nice)
     _offer_to_oom_killer()

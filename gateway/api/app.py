@@ -201,7 +201,7 @@ def create_app(settings: Settings, lifecycle: Lifecycle | None = None, keys: Key
             lifecycle.ready = False
             systemd.stopping()
             try:
-                await pool.close(settings.drain_timeout)
+                await pool.close(settings.drain_timeout_s)
             finally:
                 metrics.watch(None)
                 ledger.close()  # after the pool, so requests it cut short are counted too

@@ -36,11 +36,12 @@ class WorkerInfo(msgspec.Struct):
     last_used_s_ago: float
     requests_served: int
     tokens_generated: int
-    keepalive_s: float
+    keep_alive_s: float
     exit_reason: str | None = None
     engine: str | None = None
     provider: str | None = None  # what ran the model, as the worker measured it (e.g. QNNExecutionProvider)
     cpu_features: str | None = None  # what the engine's build uses (llama.cpp: its system info)
+    devices: list[str] = []  # the backend devices the engine's build sees, as its worker reported them
     cache_bytes: int = 0  # host RAM in saved prompt states
     cache_evictions: int = 0
     runs_on: str | None = None  # the unit the worker really runs on (`compute` is the one asked for)
@@ -78,7 +79,7 @@ async def workers(services: NamedDependency[Services]) -> WorkerTable:
     now = time.monotonic()
     rows = []
     for h in pool.workers.values():
-        parallel = h.ready_info.parallel if h.ready_info else h.spec.parallel
+        parallel = h.ready_info.parallel if h.ready_info else h.spec.worker.parallel
         rows.append(
             WorkerInfo(
                 model=h.key.model,
@@ -93,11 +94,12 @@ async def workers(services: NamedDependency[Services]) -> WorkerTable:
                 last_used_s_ago=round(now - h.last_used, 3),
                 requests_served=h.requests_served,
                 tokens_generated=h.tokens_generated,
-                keepalive_s=pool.keepalive_of(h),
+                keep_alive_s=pool.keep_alive_of(h),
                 exit_reason=h.exit_reason,
                 engine=h.ready_info.engine if h.ready_info else h.spec.engine,
                 provider=(h.ready_info.provider or None) if h.ready_info else None,
                 cpu_features=(h.ready_info.cpu_features or None) if h.ready_info else None,
+                devices=h.ready_info.devices if h.ready_info else [],
                 cache_bytes=h.cache_bytes,
                 cache_evictions=h.cache_evictions,
                 runs_on=h.ready_info.compute if h.ready_info else None,

@@ -19,7 +19,7 @@ from protocol.models import LoadRequest, Model, ModelList, Resident, Unloaded, U
 
 def _resident(pool: WorkerPool, h: WorkerHandle) -> Resident:
     state = h.state.value if h.state.value != "ready" else ("busy" if h.inflight else "idle")
-    return Resident(compute=h.key.compute, nctx=h.key.nctx, state=state, pid=h.pid, keep_alive=pool.keepalive_of(h))
+    return Resident(compute=h.key.compute, nctx=h.key.nctx, state=state, pid=h.pid, keep_alive=pool.keep_alive_of(h))
 
 
 def _model(e: ModelEntry, pool: WorkerPool) -> Model:

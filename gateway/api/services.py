@@ -98,7 +98,7 @@ class Services:
         await self.pool.add_draft(worker, draft_path)
         structlog.contextvars.bind_contextvars(model=entry.id, worker_pid=worker.pid)
         if keep_alive is not None:
-            worker.keepalive = keep_alive
+            worker.keep_alive = keep_alive
         return worker
 
 

@@ -1,10 +1,18 @@
-"""Server settings: every `geniex serve` flag, each also readable from `GENIEX_*`."""
+"""Server settings, each declared once: its field below carries its type, default, help, unit (in
+its name) and which process reads it. `geniex serve`'s parser, its `GENIEX_*` reader
+(gateway/cli.py), this struct, and docs/operating.md's table (`make docs`, gateway/cli_docs.py)
+are all made from these declarations; the worker's own arguments are protocol/worker_args.py."""
 
 from __future__ import annotations
 
 import argparse
+import functools
 import os
+import types
+import typing
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Annotated, Any, Literal
 
 import msgspec
 
@@ -24,46 +32,180 @@ def default_data_dir() -> Path:
     return Path(env).expanduser() if env else Path("~/.cache/geniex").expanduser()
 
 
+@dataclass(frozen=True)
+class Flag:
+    """How a Settings field is set from the command line and the environment."""
+
+    help: str
+    # Who reads it: the gateway, or also each worker (the pool passes it on in the worker's arguments).
+    reads: Literal["gateway", "workers"] = "gateway"
+    option: str = ""  # default: `--` and the field's name with dashes
+    old: str = ""  # the option's former spelling, still read (flag and variable) for a release, with a warning
+    choices: tuple[str, ...] = ()
+    csv: bool = False  # a list given once, comma-separated (a list without it repeats the flag)
+    lower: bool = False  # read in any case
+    at_least: float | None = None
+    at_most: float | None = None
+    arg_default: Any = None  # the parser's default where the field's own is not one a user types
+
+
+class Setting(typing.NamedTuple):
+    """One declared setting, as the parser and the docs read it."""
+
+    name: str  # the Settings field
+    flag: Flag
+    kind: type  # int, float, str, Path or bool; a list's element type
+    is_list: bool
+    default: Any  # the parser's default
+
+    @property
+    def option(self) -> str:
+        return self.flag.option or "--" + self.name.replace("_", "-")
+
+
 class Settings(msgspec.Struct, kw_only=True):
-    host: str = "127.0.0.1"
-    port: int = 18181
-    nctx: int = 4096
-    ngl: int = -1
-    compute: str | None = None
-    keepalive: float = 300.0
-    origins: list[str] = []
-    data_dir: Path = msgspec.field(default_factory=default_data_dir)
-    log_level: str | None = None
-    parallel: int = 0  # 0: chosen from nctx by the worker
-    max_queue: int = 16
-    max_loaded: int = 0  # 0: as many as memory allows
-    memory_reserve_mb: int = 1024
-    drain_timeout: float = 30.0
-    load_timeout: float = 120.0
-    preload: list[str] = []
-    threads: int = 0  # 0: physical cores
-    crash_limit: int = 3  # crashes within crash_window that trigger a backoff; 0 disables it
-    crash_window: float = 60.0
-    crash_backoff: float = 30.0
-    stream_interval_ms: int = 20  # tokens closer together than this share one Delta/chunk (0: never)
-    # Added to the workers' nice value (Linux/macOS). 0: the gateway's own. A higher value made
-    # /health p99 slightly better on an idle box and decoding collapse beside any busy program.
-    worker_nice: int = 0
-    grammar_dirs: list[Path] = []  # where `grammar_path` may read from; none by default
-    media_dirs: list[Path] = []  # where a chat image's local path may point; none by default
-    cache_ram_mb: int = 1024  # each chat worker's prompt cache in host RAM (0: none)
-    allowed_hosts: list[str] = []  # Host names answered besides loopback and the bound address ("*": any)
-    api_keys: list[str] = []  # with any key (or a key file), every route but the probes needs one
-    api_key_file: Path | None = None  # `KEY [LABEL] [rpm=N tpm=N concurrent=N]` per line; read again on SIGHUP
-    metrics_key: bool = False  # /metrics needs a key too
-    insecure_no_auth: bool = False  # bind beyond loopback without keys anyway
-    certfile: Path | None = None  # with keyfile: HTTPS
-    keyfile: Path | None = None
-    max_connections: int = 512  # requests at once; beyond it a 503 (connections: twice it)
-    max_body_mb: int = 32  # a larger request body is a 413 (images and audio travel inside it)
-    fetch_hosts: list[str] = []  # hosts whose http(s) URLs a request may name for images and audio; none by default
-    max_nctx: int = 0  # the largest per-request `nctx`; 0: the context each model was trained for
-    webui: bool = True  # the web UI at /, /ops, /try, /docs and /openapi.json
+    host: Annotated[str, Flag("address to bind, `host`, `host:port` or `[v6]:port` (loopback by default)",
+                              arg_default=DEFAULT_HOST)] = "127.0.0.1"  # fmt: skip
+    port: int = 18181  # from --host
+    nctx: Annotated[int, Flag("context per request when the request has no `nctx`", "workers", at_least=1)] = 4096
+    ngl: Annotated[int, Flag("GPU layers when the request has no `ngl` (-1 or 999: all)", "workers")] = -1
+    compute: Annotated[str | None, Flag(
+        "`cpu`, `gpu`, `npu`, `hybrid` (any case; anything else, from the flag or `GENIEX_COMPUTE`, stops the start); "
+        "an unavailable unit falls back to CPU with a warning (by default the CPU)",
+        "workers", choices=("cpu", "gpu", "npu", "hybrid"), lower=True)] = None  # fmt: skip
+    keep_alive_s: Annotated[float, Flag(
+        "seconds an idle worker stays loaded (-1: forever, 0: stop after each request); a request's `keep_alive` "
+        "overrides it for its model's worker", old="--keepalive")] = 300.0  # fmt: skip
+    origins: Annotated[list[str], Flag(
+        "comma-separated origins whose web pages may call the API (CORS, preflight included; every request header "
+        "they ask for is allowed, `Retry-After` and `X-Request-Id` exposed); none by default, so no other site's "
+        "page can read an answer", csv=True)] = []  # fmt: skip
+    data_dir: Annotated[Path, Flag("model store and usage ledger (default `$GENIEX_DATADIR`, else `~/.cache/geniex`)")] = (
+        msgspec.field(default_factory=default_data_dir))  # fmt: skip
+    log_level: Annotated[str | None, Flag("`debug`, `info`, `warning`, `error` (default info)", "workers",
+                                          choices=("debug", "info", "warning", "error"))] = None  # fmt: skip
+    parallel: Annotated[int, Flag(
+        "sequences one worker decodes at once (0: from nctx, 4 at nctx ≤ 4096, fewer for longer contexts); set 8 "
+        "to serve eight clients at once", "workers", at_least=0)] = 0  # fmt: skip
+    max_queue: Annotated[int, Flag("requests waiting per worker before 503 + `Retry-After`", at_least=0)] = 16
+    max_loaded: Annotated[int, Flag(
+        "workers resident at once (0: as many as memory allows); the least recently used idle one is evicted "
+        "first, a busy one never", at_least=0)] = 0  # fmt: skip
+    memory_reserve_mb: Annotated[int, Flag("MiB of RAM to keep free when deciding whether another worker fits",
+                                           old="--memory-reserve", at_least=0)] = 1024  # fmt: skip
+    drain_timeout_s: Annotated[float, Flag(
+        "seconds SIGTERM waits for requests in flight; meanwhile `/ready` answers 503 and new work is refused with "
+        "503; those still running then end with 503 (an error event and `[DONE]` in a stream)",
+        old="--drain-timeout")] = 30.0  # fmt: skip
+    load_timeout_s: Annotated[float, Flag("seconds a worker may take to load its model", old="--load-timeout",
+                                          at_least=0)] = 120.0  # fmt: skip
+    preload: Annotated[list[str], Flag("comma-separated models to load before `/ready` turns 200", csv=True)] = []
+    threads: Annotated[int, Flag(
+        "threads per worker (0: the physical cores); busy workers share the cores, and a worker uses fewer while "
+        "other programs keep cores busy", "workers", at_least=0)] = 0  # fmt: skip
+    crash_limit: Annotated[int, Flag(
+        "crashes within `--crash-window-s` after which a model is refused (503) for `--crash-backoff-s` seconds "
+        "(0: never)", at_least=0)] = 3  # fmt: skip
+    crash_window_s: Annotated[float, Flag("seconds, see `--crash-limit`", old="--crash-window", at_least=0)] = 60.0
+    crash_backoff_s: Annotated[float, Flag("seconds, see `--crash-limit`", old="--crash-backoff", at_least=0)] = 30.0
+    stream_interval_ms: Annotated[int, Flag(
+        "ms: tokens generated closer together than this go out in one chunk (the first token always at once; 0: a "
+        "chunk per token). With N sequences decoding at once a stream's interval is N × this, so the chunks a "
+        "worker sends per second stay about level under load (4 streams: client + gateway CPU per token 0.95 → "
+        "0.42 ms)", "workers", old="--stream-interval", at_least=0)] = 20  # fmt: skip
+    worker_nice: Annotated[int, Flag(
+        "added to the workers' nice value. At 0 they run at the gateway's priority. A higher value buys a little "
+        "`/health` latency on an idle box (p99 with 4 streams: 6.8 ms at 0, 3.5 ms at 10) and gives every other "
+        "busy program about ten times the worker's CPU share: with one busy process beside it, 50 tokens took "
+        "151 s at nice 10 before the thread governor", "workers", at_least=0, at_most=19)] = 0  # fmt: skip
+    cache_ram_mb: Annotated[int, Flag(
+        "MiB of host RAM per chat worker for saved prompt states (0: only what the slots hold); counted in the "
+        "memory a worker needs", "workers", old="--cache-ram", at_least=0)] = 1024  # fmt: skip
+    api_keys: Annotated[list[str], Flag(
+        "a key every API request must send (`Authorization: Bearer KEY` or `x-api-key: KEY`; repeatable); without "
+        "any key the server answers everyone who can connect", option="--api-key")] = []  # fmt: skip
+    api_key_file: Annotated[Path | None, Flag(
+        "keys, one per line, an optional label and optional limits after each (`KEY LABEL rpm=60 tpm=20000 "
+        "concurrent=2`, `#` comments); read again on SIGHUP. The ledger, the logs and the prompt cache know a "
+        "caller by the label (or a hash of the key), never by the key. Over a limit: 429 with `Retry-After`, "
+        "naming the limit; `rpm`/`tpm` are sliding minutes (tokens are prompt plus completion, counted as a "
+        "request ends), `concurrent` counts requests in flight; per-key series in `/metrics` (`geniex:key_*`)")] = None  # fmt: skip
+    metrics_key: Annotated[bool, Flag("`/metrics` needs a key too (`/health` and `/ready` never do)")] = False
+    insecure_no_auth: Annotated[bool, Flag(
+        "bind an address other machines can reach without any API key (refused otherwise; logged loudly)")] = False  # fmt: skip
+    certfile: Annotated[Path | None, Flag(
+        "serve HTTPS with this PEM certificate (chain); needs `--keyfile`. A pair that does not load stops the "
+        "start with one line")] = None  # fmt: skip
+    keyfile: Annotated[Path | None, Flag("the certificate's PEM private key")] = None
+    max_connections: Annotated[int, Flag(
+        "requests served at once (health probes aside); beyond it a request gets a JSON 503 with `Retry-After` at "
+        "once rather than queueing without bound, and connections beyond twice this are refused", at_least=1)] = 512  # fmt: skip
+    max_body_mb: Annotated[int, Flag(
+        "MiB a request body may hold (images and audio travel inside it); a larger one is a 413, refused without "
+        "reading the rest", old="--max-body", at_least=1)] = 32  # fmt: skip
+    max_nctx: Annotated[int, Flag(
+        "the largest `nctx` a request may ask for; 0: the context each model was trained for (its GGUF says), so "
+        "`nctx` beyond it is a 400", at_least=0)] = 0  # fmt: skip
+    allowed_hosts: Annotated[list[str], Flag(
+        "a `Host` name the server answers to besides loopback names and the address it binds (repeatable, "
+        "`GENIEX_ALLOWED_HOST` takes a `:`-separated list; `*` for any); any other gets 403, a defence against "
+        "DNS rebinding", option="--allowed-host")] = []  # fmt: skip
+    fetch_hosts: Annotated[list[str], Flag(
+        "a host whose http(s) URLs requests may name for images and audio (`/v1/cv`, `/v1/audio/diarize`; "
+        "repeatable). Off by default: fetching on a client's behalf is a server-side request forgery risk. "
+        "Redirects are not followed; the size is bounded by `--max-body-mb` and the time by 10 s",
+        option="--fetch-host")] = []  # fmt: skip
+    media_dirs: Annotated[list[Path], Flag(
+        "a folder whose images chat requests may name by local path or `file://` URL (repeatable; "
+        "`GENIEX_MEDIA_DIR` takes a `:`-separated list); symlinks are resolved before the check",
+        option="--media-dir")] = []  # fmt: skip
+    grammar_dirs: Annotated[list[Path], Flag(
+        "a folder `grammar_path` may read GBNF files from (repeatable; `GENIEX_GRAMMAR_DIR` takes a `:`-separated "
+        "list)", option="--grammar-dir")] = []  # fmt: skip
+    webui: Annotated[bool, Flag(
+        "serve no web UI (`/`, `/ops`, `/try`, `/docs`) and no `/openapi.json` (`GENIEX_NO_WEBUI=1`)",
+        option="--no-webui")] = True  # fmt: skip
+    qnn_simulator: Annotated[bool, Flag(
+        "on x86_64, let `compute: npu` use Qualcomm's HTP simulator (slow: development and tests only; see "
+        "docs/accelerators.md). Without it, where there is no NPU, `npu` falls back to the CPU with a warning",
+        "workers")] = False  # fmt: skip
+
+
+@functools.cache
+def declared() -> tuple[Setting, ...]:
+    """Every field that carries a Flag, in declaration order."""
+    hints = typing.get_type_hints(Settings, include_extras=True)
+    out = []
+    for field in msgspec.structs.fields(Settings):
+        hint = hints[field.name]
+        if typing.get_origin(hint) is not Annotated:
+            continue
+        base, flag = typing.get_args(hint)[:2]
+        is_list = typing.get_origin(base) is list
+        kind = typing.get_args(base)[0] if is_list else _without_none(base)
+        default = flag.arg_default
+        if default is None and field.default is not msgspec.NODEFAULT:
+            default = list(field.default) if is_list else field.default
+        out.append(Setting(field.name, flag, kind, is_list, default))
+    return tuple(out)
+
+
+def _without_none(hint: Any) -> type:
+    if isinstance(hint, types.UnionType):
+        return next(a for a in typing.get_args(hint) if a is not type(None))
+    return typing.cast(type, hint)
+
+
+def out_of_bounds(settings: Settings) -> list[str]:
+    """Each setting whose value its declaration's bounds refuse, as one line naming the flag."""
+    out = []
+    for s in declared():
+        value = getattr(settings, s.name)
+        low, high = s.flag.at_least, s.flag.at_most
+        if (low is not None and value < low) or (high is not None and value > high):
+            bound = f"{low:g}..{high:g}" if low is not None and high is not None else f"{low:g} or more"
+            out.append(f"{s.option} must be {bound}, not {value:g}")
+    return out
 
 
 def split_host(value: str) -> tuple[str, int]:

@@ -7,20 +7,26 @@ import functools
 import structlog
 
 from protocol import engines, qnn
+from protocol.wire import Ready
 
 log = structlog.get_logger("gateway.supervisor.compute")
 
 UNITS = ("cpu", "gpu", "npu", "hybrid")
 
+# Whether each engine's build offloads to a GPU, as its workers' Ready said (by the gateway's name
+# of the engine). The gateway imports no engine, so an engine absent here is unknown until its
+# first worker is ready.
+_gpu_offload: dict[str, bool] = {}
 
-@functools.cache
-def _gpu_offload() -> bool:
-    try:
-        import llama_cpp
 
-        return bool(llama_cpp.llama_supports_gpu_offload())
-    except Exception:  # noqa: BLE001 - no llama.cpp build means no GPU either
-        return False
+def learn(engine: str, ready: Ready) -> None:
+    """Note what a worker of `engine` said of its build when it became ready."""
+    _gpu_offload[engine] = ready.gpu_offload
+
+
+def gpu_offload(engine: str) -> bool | None:
+    """Whether `engine`'s build offloads to a GPU; None while no worker of it has said."""
+    return _gpu_offload.get(engine)
 
 
 def resolve_compute(requested: str | None, engine: str) -> str:
@@ -38,12 +44,13 @@ def resolve_compute(requested: str | None, engine: str) -> str:
         why = qnn.unavailable_reason()
         if why is None:
             return unit
-        if unit == "hybrid" and row.gpu and _gpu_offload():
+        if unit == "hybrid" and row.gpu and gpu_offload(engine) is not False:
             return "gpu"
         _warn_once(unit, engine, why)
         return "cpu"
     if row.gpu and unit in ("gpu", "hybrid"):
-        if _gpu_offload():
+        # Unknown (None): ask for the GPU; a worker whose build has no offload runs on the CPU and says why.
+        if gpu_offload(engine) is not False:
             return "gpu"
         _warn_once(unit, engine, "this llama.cpp build has no GPU offload")
         return "cpu"

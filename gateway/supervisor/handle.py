@@ -17,7 +17,6 @@ import os
 import signal
 import sys
 import time
-from collections import deque
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import NamedTuple
@@ -36,7 +35,10 @@ from gateway.errors import (
     WorkerUnavailable,
     error_for,
 )
+from gateway.supervisor import compute
+from gateway.supervisor.claims import Claims
 from gateway.supervisor.states import IllegalTransition, State, can_move
+from protocol import worker_args
 from protocol.keys import WorkerKey
 from protocol.wire import (
     PROTOCOL_VERSION,
@@ -77,6 +79,7 @@ from protocol.wire import (
     Warmup,
     gateway_codec,
 )
+from protocol.worker_args import WorkerArgs
 
 log = structlog.get_logger("gateway.worker")
 
@@ -103,20 +106,13 @@ class WorkerSpec(msgspec.Struct, frozen=True, kw_only=True):
     """What a handle needs to start its process; the pool fills it in."""
 
     key: WorkerKey
-    model_path: str
-    engine: str
-    ngl: int
-    parallel: int
-    threads: int
-    log_level: str
-    load_timeout: float
+    worker: WorkerArgs  # the process's arguments (its endpoints and our pid are added at start)
+    load_timeout_s: float
     max_queue: int
-    stream_interval_ms: int = 0
-    nice: int = 0
-    batch_tokens: int = 0  # an embedding engine's tokens per decode (0: the engine's default)
-    cache_ram_mb: int = 0  # the chat engine's prompt cache in host RAM
-    cache_dir: str = ""  # where the NPU chat engine keeps converted graphs (the data dir's npu/)
-    mmproj: str = ""  # the chat engine's multimodal projector (a vision model)
+
+    @property
+    def engine(self) -> str:
+        return self.worker.engine
 
     def argv(self, inbox: str, outbox: str) -> list[str]:
         # Isolated mode (-I): no PYTHON* variables, no user site-packages, and not the working
@@ -124,27 +120,8 @@ class WorkerSpec(msgspec.Struct, frozen=True, kw_only=True):
         # environment cannot put code into a worker. A bytecode cache set for the gateway
         # (PYTHONPYCACHEPREFIX, as the systemd unit sets it) is passed on explicitly.
         cache = ["-X", f"pycache_prefix={sys.pycache_prefix}"] if sys.pycache_prefix else []
-        return [
-            sys.executable, "-I", *cache, "-m", "workers",
-            "--engine", self.engine,
-            "--model", self.model_path,
-            "--compute", self.key.compute,
-            "--nctx", str(self.key.nctx),
-            "--ngl", str(self.ngl),
-            "--parallel", str(self.parallel),
-            "--threads", str(self.threads),
-            "--stream-interval-ms", str(self.stream_interval_ms),
-            "--nice", str(self.nice),
-            "--batch-tokens", str(self.batch_tokens),
-            "--cache-ram-mb", str(self.cache_ram_mb),
-            *(["--cache-dir", self.cache_dir] if self.cache_dir else []),
-            *(["--mmproj", self.mmproj] if self.mmproj else []),
-            "--inbox", inbox,
-            "--outbox", outbox,
-            "--parent-pid", str(os.getpid()),
-            "--name", self.key.slug,
-            "--log-level", self.log_level,
-        ]  # fmt: skip
+        args = msgspec.structs.replace(self.worker, inbox=inbox, outbox=outbox, parent_pid=os.getpid())
+        return [sys.executable, "-I", *cache, "-m", "workers", *worker_args.argv(args)]
 
 
 class Happened(enum.Enum):
@@ -170,15 +147,9 @@ class _Pending:
         self.log_id = log_id
 
 
-# A request handed a worker (pool.get) holds it until it is admitted, so that an eviction or the
-# idle reaper cannot stop the worker between the two (the request's handler awaits in between);
-# a claim never admitted, its request having failed first, lapses after this long.
-CLAIM_S = 5.0
-
-
 class WorkerHandle:
     def __init__(self, spec: WorkerSpec, zctx: zmq.asyncio.Context, runtime_dir: Path,
-                 events: asyncio.Queue[WorkerEvent] | None = None) -> None:  # fmt: skip
+                 events: asyncio.Queue[WorkerEvent] | None = None, claims: Claims | None = None) -> None:  # fmt: skip
         self.spec = spec
         self.key = spec.key
         self.state = State.STARTING
@@ -188,7 +159,7 @@ class WorkerHandle:
         self.last_used = time.monotonic()
         self.requests_served = 0
         self.exit_reason: str | None = None
-        self.keepalive: float | None = None  # a request's `keep_alive` overrides --keep-alive-s
+        self.keep_alive: float | None = None  # a request's `keep_alive` overrides --keep-alive-s
         self.drafts: set[str] = set()  # draft models requests had it load (pool.add_draft)
         self.tokens_generated = 0
         self.cache_bytes = 0  # the worker's prompt cache, as its last Started said
@@ -199,7 +170,7 @@ class WorkerHandle:
         self._codec = gateway_codec()
         self._ids = itertools.count(1)
         self._queues: dict[int, _Pending] = {}
-        self._claims: deque[float] = deque()  # when requests were handed this worker, not yet admitted
+        self._claims = claims if claims is not None else Claims()  # the pool's: requests handed this worker
         self._cancelled: dict[int, int] = {}  # req_id -> tokens relayed when the cancel was sent
         self._ready: asyncio.Future[Ready] = asyncio.get_running_loop().create_future()
         self._dying: str | None = None
@@ -244,19 +215,10 @@ class WorkerHandle:
     def inflight(self) -> int:
         return len(self._queues)
 
-    def claim(self, n: int = 1) -> None:
-        """`n` requests were handed this worker: it is not idle until they are admitted (or CLAIM_S)."""
-        self._claims.extend([time.monotonic()] * n)
-
     @property
     def idle(self) -> bool:
         """Ready, with nothing running, queued or about to be sent: a worker the pool may stop."""
-        if self.state is not State.READY or self._queues:
-            return False
-        lapsed = time.monotonic() - CLAIM_S
-        while self._claims and self._claims[0] < lapsed:
-            self._claims.popleft()
-        return not self._claims
+        return self.state is State.READY and not self._queues and not self._claims.held(self.key)
 
     @property
     def status(self) -> str:
@@ -295,17 +257,18 @@ class WorkerHandle:
         self._reader = asyncio.create_task(self._read_replies(), name=f"read:{s.key.slug}", context=fresh)
         self._watcher = asyncio.create_task(self._watch(self.proc), name=f"watch:{s.key.slug}", context=fresh)
         try:
-            ready = await asyncio.wait_for(asyncio.shield(self._ready), s.load_timeout)
+            ready = await asyncio.wait_for(asyncio.shield(self._ready), s.load_timeout_s)
         except TimeoutError:
             await self.stop(graceful=False)
             raise WorkerUnavailable(
-                f"worker for {s.key.model} did not become ready within {s.load_timeout:g}s; "
+                f"worker for {s.key.model} did not become ready within {s.load_timeout_s:g}s; "
                 "raise --load-timeout-s if the model is large, or check the worker's log"
             ) from None
         if ready.protocol_version != PROTOCOL_VERSION:
             await self.stop(graceful=False)
             raise WorkerUnavailable(f"worker speaks protocol {ready.protocol_version}, gateway {PROTOCOL_VERSION}")
         self.ready_info = ready
+        compute.learn(s.engine, ready)  # what the engine's build can do: the gateway imports no engine to ask
         self._move(State.READY)
         return ready
 
@@ -419,8 +382,7 @@ class WorkerHandle:
             pass  # a dead worker is reported by the watcher, with its real cause
 
     def _admit(self, log_id: str) -> tuple[int, _Pending]:
-        if self._claims:  # the request has reached its worker, whether admitted or refused below
-            self._claims.popleft()
+        self._claims.release(self.key)  # the request has reached its worker, whether admitted or refused below
         if self._refusal is not None:
             raise Overloaded(self._refusal, retry_after=5)
         if self.state in (State.STOPPING, State.STOPPED):  # evicted, idle or unloaded: not a fault

@@ -25,6 +25,7 @@ from gateway.models.store import ModelEntry
 from gateway.ops.metrics import Metrics
 from gateway.ops.settings import Settings
 from gateway.supervisor import runtime_dir
+from gateway.supervisor.claims import Claims
 from gateway.supervisor.compute import resolve_compute
 from gateway.supervisor.eviction import Resident, plan_evictions
 from gateway.supervisor.handle import Happened, WorkerEvent, WorkerHandle, WorkerSpec
@@ -40,6 +41,7 @@ from protocol import engines
 from protocol.keys import WorkerKey
 from protocol.limits import MAX_DRAFT_MODELS
 from protocol.npu_cache import NPU_DIR
+from protocol.worker_args import WorkerArgs
 
 log = structlog.get_logger("gateway.supervisor.pool")
 
@@ -64,7 +66,7 @@ class WorkerPool:
         self.workers: dict[WorkerKey, WorkerHandle] = {}
         self.events: asyncio.Queue[WorkerEvent] = asyncio.Queue()
         self._starting: dict[WorkerKey, asyncio.Task[WorkerHandle]] = {}
-        self._load_waiters: dict[WorkerKey, int] = {}  # requests awaiting each start
+        self.claims = Claims()  # requests handed a worker, or waiting for its start, not yet admitted
         stale = runtime_dir.sweep()
         if stale:
             log.info("removed runtime folders of gateways that are gone", paths=[str(p) for p in stale])
@@ -95,7 +97,7 @@ class WorkerPool:
         self._refuse_if_aborted()
         handle = self.workers.get(key)
         if handle is not None and handle.state is State.READY:
-            handle.claim(int(claim))
+            self.claims.hold(key, int(claim))
             return handle
         task = self._starting.get(key)
         if task is None:
@@ -103,15 +105,15 @@ class WorkerPool:
             task = asyncio.create_task(self._start(key, entry), name=f"start:{key.slug}")
             self._starting[key] = task
             task.add_done_callback(lambda _t: self._starting.pop(key, None))
-        # Counted while waiting: _start claims the new worker for every request waiting on it, the
-        # moment it is ready, before any of them resumes (an eviction could run in between).
-        self._load_waiters[key] = self._load_waiters.get(key, 0) + int(claim)
+        # Claimed while waiting, so the new worker is claimed the moment it is ready, before any
+        # waiting request resumes (an eviction could run in between).
+        self.claims.hold(key, int(claim))
         try:
             handle = await asyncio.shield(task)
-        finally:
-            self._load_waiters[key] -= int(claim)
-            if not self._load_waiters[key]:
-                del self._load_waiters[key]
+        except BaseException:
+            if claim:
+                self.claims.release(key)  # no worker will admit it
+            raise
         self._refuse_if_aborted()  # aborted while this worker loaded
         return handle
 
@@ -135,7 +137,7 @@ class WorkerPool:
         if left > 0:
             s = self.settings
             raise Overloaded(
-                f"the worker for {key.model} crashed {s.crash_limit} times within {s.crash_window:g}s; "
+                f"the worker for {key.model} crashed {s.crash_limit} times within {s.crash_window_s:g}s; "
                 f"not restarting it for another {left:.0f}s (see the server log for the cause)",
                 retry_after=max(1, int(left + 0.5)),
             )
@@ -183,10 +185,10 @@ class WorkerPool:
         now = time.monotonic()
         times = self._crashes.setdefault(key, deque(maxlen=s.crash_limit))
         times.append(now)
-        if len(times) == s.crash_limit and now - times[0] <= s.crash_window:
-            self._backoff_until[key] = now + s.crash_backoff
+        if len(times) == s.crash_limit and now - times[0] <= s.crash_window_s:
+            self._backoff_until[key] = now + s.crash_backoff_s
             times.clear()
-            log.error("worker crash-looping; backing off", worker=key.slug, seconds=s.crash_backoff)
+            log.error("worker crash-looping; backing off", worker=key.slug, seconds=s.crash_backoff_s)
 
     # ---- starting, with eviction --------------------------------------------
 
@@ -207,21 +209,26 @@ class WorkerPool:
             need += file_bytes(entry.mmproj)
         spec = WorkerSpec(
             key=key,
-            model_path=entry.path,
-            engine=engine,
-            ngl=key.ngl,
-            parallel=parallel,
-            threads=s.threads,
-            log_level=s.log_level or "info",
+            worker=WorkerArgs(
+                engine=engine,
+                model_path=entry.path,
+                compute=key.compute,
+                nctx=key.nctx,
+                ngl=key.ngl,
+                parallel=parallel,
+                threads=s.threads,
+                stream_interval_ms=s.stream_interval_ms,
+                nice=s.worker_nice,
+                batch_tokens=row.batch_tokens,
+                cache_ram_mb=cache_mb,
+                cache_dir=str(s.data_dir / NPU_DIR) if row.npu_cache else "",
+                mmproj=entry.mmproj if row.projector else "",  # llama_npu: for its CPU fallback
+                name=key.slug,
+                log_level=s.log_level or "info",
+            ),
             # A first NPU load converts the GGUF and compiles its graphs: minutes for a larger model.
-            load_timeout=max(s.load_timeout, row.first_load_s),
+            load_timeout_s=max(s.load_timeout_s, row.first_load_s),
             max_queue=s.max_queue,
-            stream_interval_ms=s.stream_interval_ms,
-            nice=s.worker_nice,
-            batch_tokens=row.batch_tokens,
-            cache_ram_mb=cache_mb,
-            cache_dir=str(s.data_dir / NPU_DIR) if row.npu_cache else "",
-            mmproj=entry.mmproj if row.projector else "",  # llama_npu: for its CPU fallback
         )
         handle = self._admit_remote(spec, need) if row.remote else await self._admit(spec, need)
         self.metrics.worker_started(key.model)
@@ -235,7 +242,6 @@ class WorkerPool:
                 self.workers.pop(key, None)
             await handle.stop(graceful=False)
             raise
-        handle.claim(self._load_waiters.get(key, 0))
         log.info("worker ready", worker=key.slug, pid=ready.pid, seconds=round(time.perf_counter() - t0, 3),
                  parallel=ready.parallel, n_ctx=ready.n_ctx, estimate_mb=need >> 20, cpu_features=ready.cpu_features)  # fmt: skip
         return handle
@@ -247,7 +253,7 @@ class WorkerPool:
         would not do, a 503 rather than a machine out of memory."""
         if not path or path in handle.drafts or len(handle.drafts) >= MAX_DRAFT_MODELS:
             return
-        need = estimate_worker_bytes(path, handle.key.nctx * handle.spec.parallel)
+        need = estimate_worker_bytes(path, handle.key.nctx * handle.spec.worker.parallel)
         async with self._start_lock:
             available = self._available_bytes()
             others = [r for r in self._residents() if r.slug != handle.key.slug]
@@ -282,7 +288,7 @@ class WorkerPool:
     def _admit_remote(self, spec: WorkerSpec, need: int) -> WorkerHandle:
         """A worker relaying a model served elsewhere holds no weights: it is registered without an
         eviction plan, so it never stops a local model, nor counts against --max-loaded."""
-        handle = WorkerHandle(spec, self.zctx, self.runtime_dir, self.events)
+        handle = WorkerHandle(spec, self.zctx, self.runtime_dir, self.events, self.claims)
         self.workers[spec.key] = handle
         self._estimates[spec.key] = need
         return handle
@@ -311,7 +317,7 @@ class WorkerPool:
                               residents=[{"worker": r.slug, "idle": r.idle, "mb": r.bytes >> 20} for r in residents])  # fmt: skip
                     if plan is not None:
                         await self._evict(plan)
-                        handle = WorkerHandle(spec, self.zctx, self.runtime_dir, self.events)
+                        handle = WorkerHandle(spec, self.zctx, self.runtime_dir, self.events, self.claims)
                         self.workers[key] = handle
                         self._estimates[key] = need
                         return handle
@@ -375,16 +381,16 @@ class WorkerPool:
             await h.stop()
         return chosen
 
-    def keepalive_of(self, h: WorkerHandle) -> float:
-        return self.settings.keepalive if h.keepalive is None else h.keepalive
+    def keep_alive_of(self, h: WorkerHandle) -> float:
+        return self.settings.keep_alive_s if h.keep_alive is None else h.keep_alive
 
     async def _reap_idle(self) -> None:
         while True:
             await asyncio.sleep(0.25)
             now = time.monotonic()
             for key, h in list(self.workers.items()):
-                keepalive = self.keepalive_of(h)
-                if keepalive >= 0 and h.idle and now - h.last_used >= keepalive:
+                keep_alive = self.keep_alive_of(h)
+                if keep_alive >= 0 and h.idle and now - h.last_used >= keep_alive:
                     log.info("worker idle; stopping", worker=key.slug, idle_s=round(now - h.last_used, 1))
                     self.workers.pop(key, None)
                     await h.stop()

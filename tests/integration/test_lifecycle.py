@@ -311,14 +311,14 @@ def test_eviction_is_lru_and_never_hits_a_busy_worker(start, tmp_path: Path) -> 
     assert _ts(evictions[0]) >= _ts(done[0]) - 0.05, "evicted only once its stream had ended"
 
 
-def test_keepalive_zero_stops_after_each_request_and_per_request_override(start) -> None:  # type: ignore[no-untyped-def]
+def test_keep_alive_zero_stops_after_each_request_and_per_request_override(start) -> None:  # type: ignore[no-untyped-def]
     srv = start("--nctx", "512", "--keep-alive-s", "0")
     client = client_for(srv)
     client.chat.completions.create(model=MODEL, messages=LONG, max_tokens=2)
     wait_for(lambda: not workers(srv), what="the idle worker to stop")
     client.chat.completions.create(model=MODEL, messages=LONG, max_tokens=2, extra_body={"keep_alive": -1})
     time.sleep(1.0)
-    assert workers(srv) and workers(srv)[0]["keepalive_s"] == -1
+    assert workers(srv) and workers(srv)[0]["keep_alive_s"] == -1
 
 
 def test_preload_loads_at_start(start) -> None:  # type: ignore[no-untyped-def]

@@ -42,7 +42,7 @@ def test_load_and_unload_are_explicit_idempotent_and_never_cut_an_answer(start) 
     again = post(srv, "/v1/models/load", {"model": MODEL, "nctx": 1024})
     assert [x["pid"] for x in again.json()["loaded"]] == [pid], "loading a loaded model starts nothing"
     workers = httpx.get(f"{srv.base_url}/v1/workers", timeout=10).json()["data"]
-    assert [(w["pid"], w["keepalive_s"]) for w in workers] == [(pid, -1.0)]
+    assert [(w["pid"], w["keep_alive_s"]) for w in workers] == [(pid, -1.0)]
 
     # Busy: refused with 409 and Retry-After, and the answer in flight completes.
     client = openai.OpenAI(base_url=f"{srv.base_url}/v1", api_key="unused", max_retries=0, timeout=120)

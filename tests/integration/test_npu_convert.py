@@ -12,6 +12,7 @@ import llama_cpp as L
 import numpy as np
 import pytest
 
+from protocol.worker_args import WorkerArgs
 from tests.npu_models import bundled_gguf, converted, progress
 from workers.engines.npu.convert import DecoderConfig
 from workers.engines.npu.decoder import Decoder, cpu_session_factory
@@ -87,14 +88,12 @@ def test_a_second_load_reuses_the_converted_folder(tmp_path_factory: pytest.Temp
 def test_without_an_npu_the_worker_runs_the_model_on_the_cpu_and_says_why(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    from argparse import Namespace
-
     from protocol import qnn
     from workers.engines.npu.engine import load
 
     monkeypatch.delenv(qnn.SIMULATOR_ENV, raising=False)
     monkeypatch.setattr(qnn, "is_simulated", lambda: True)  # an x86_64 host, as in CI
-    opts = Namespace(model_path=bundled_gguf(), compute="npu", nctx=256, ngl=0, parallel=1, threads=1,
+    opts = WorkerArgs(engine="llama_npu", model_path=bundled_gguf(), compute="npu", nctx=256, ngl=0, parallel=1, threads=1,
                      stream_interval_ms=0, batch_tokens=0, cache_ram_mb=0, cache_dir=str(tmp_path))  # fmt: skip
     engine = load(opts)
     try:

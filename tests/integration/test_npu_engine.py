@@ -5,12 +5,12 @@ needs no simulator. Compared with llama.cpp's CPU engine where the two must agre
 
 from __future__ import annotations
 
-from argparse import Namespace
 from collections.abc import Iterator
 
 import pytest
 
 from protocol.wire import Constraint, Delta, Done, FromWorker, Generate, Logits, Sampling, Started
+from protocol.worker_args import WorkerArgs
 from tests.npu_models import bundled_gguf, converted
 from workers.engines import EngineError
 from workers.engines.npu.engine import NpuChatEngine
@@ -22,7 +22,7 @@ GREEDY = Sampling(temperature=0.0)
 @pytest.fixture(scope="module")
 def engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NpuChatEngine]:
     folder = converted(tmp_path_factory)
-    opts = Namespace(model_path=bundled_gguf(), compute="npu", nctx=128, ngl=0, parallel=1, threads=2,
+    opts = WorkerArgs(engine="llama_npu", model_path=bundled_gguf(), compute="npu", nctx=128, ngl=0, parallel=1, threads=2,
                      stream_interval_ms=0, batch_tokens=0, cache_ram_mb=0, cache_dir=str(folder.parent))  # fmt: skip
     eng = NpuChatEngine(opts, cpu_threads=2)
     yield eng

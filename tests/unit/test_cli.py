@@ -13,7 +13,7 @@ OPERATING = Path(__file__).resolve().parents[2] / "docs" / "operating.md"
 
 
 def test_the_settings_table_is_made_from_the_flags() -> None:
-    """docs/operating.md's table is what `make docs` writes from gateway/cli.py's flags."""
+    """docs/operating.md's table is what `make docs` writes from gateway/ops/settings.py's declarations."""
     page = OPERATING.read_text()
     assert cli_docs.with_table(page) == page, "docs/operating.md's settings table is stale: run `make docs`"
     flags = {a.option_strings[0] for a in cli.serve_flags(cli.serve_parser())}
@@ -70,8 +70,8 @@ def test_a_renamed_flag_keeps_its_old_spelling_with_a_warning(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     p = cli.serve_parser()
-    assert p.parse_args(["--keep-alive-s", "7"]).keepalive == 7 and capsys.readouterr().err == ""
-    assert p.parse_args(["--keepalive", "5"]).keepalive == 5
+    assert p.parse_args(["--keep-alive-s", "7"]).keep_alive_s == 7 and capsys.readouterr().err == ""
+    assert p.parse_args(["--keepalive", "5"]).keep_alive_s == 5
     assert "--keepalive is deprecated; use --keep-alive-s" in capsys.readouterr().err
     monkeypatch.setenv("GENIEX_MAX_BODY", "8")  # the old variable of --max-body-mb
     p = cli.serve_parser()
@@ -81,3 +81,36 @@ def test_a_renamed_flag_keeps_its_old_spelling_with_a_warning(
     assert cli.unknown_env(p, {"GENIEX_MAX_BODY": "8", "GENIEX_CACHE_RAM_MB": "1"}) == []
     renamed = [a.option_strings for a in cli.serve_flags(p) if len(a.option_strings) > 1]
     assert len(renamed) == 9 and all(new.endswith(("-s", "-ms", "-mb")) for new, _ in renamed), "each names its unit"
+
+
+def test_every_setting_is_one_declaration() -> None:
+    """The parser's flags are the Settings fields that carry a Flag: a field without one is only `port`
+    (read from --host); each flag's unit, where it has one, is in its name."""
+    from gateway.ops.settings import Settings, declared
+
+    names = [s.name for s in declared()]
+    assert set(Settings.__struct_fields__) - set(names) == {"port"}
+    p = cli.serve_parser()
+    assert [a.dest for a in cli.serve_flags(p)] == names
+    args = p.parse_args(["--host", "[::1]:9", "--api-key", "k1", "--api-key", "k2", "--origins", "a, b",
+                         "--no-webui", "--keep-alive-s", "-1", "--qnn-simulator"])  # fmt: skip
+    s = cli.settings_from(args)
+    assert (s.host, s.port, s.api_keys, s.origins, s.webui, s.keep_alive_s) == (
+        "::1",
+        9,
+        ["k1", "k2"],
+        ["a", "b"],
+        False,
+        -1,
+    )
+    assert s.qnn_simulator and s.data_dir == Settings().data_dir  # an unset path takes the struct's default
+
+
+def test_a_value_out_of_its_declared_bounds_is_named() -> None:
+    from gateway.ops.settings import out_of_bounds
+
+    args = cli.serve_parser().parse_args(["--worker-nice", "25", "--max-connections", "0", "--nctx", "512"])
+    assert out_of_bounds(cli.settings_from(args)) == [
+        "--worker-nice must be 0..19, not 25",
+        "--max-connections must be 1 or more, not 0",
+    ]

@@ -27,10 +27,12 @@ from gateway.errors import (
 from gateway.models.store import ModelEntry
 from gateway.ops.metrics import Metrics
 from gateway.ops.settings import Settings
+from gateway.supervisor.claims import Claims
 from gateway.supervisor.handle import CALL_TIMEOUT_S, OneShot, WorkerHandle, _next
 from gateway.supervisor.memory import estimate_worker_bytes
 from gateway.supervisor.pool import WorkerPool
 from gateway.supervisor.states import State
+from protocol.keys import WorkerKey
 from protocol.wire import Done, Embed, Generate, Started
 
 MakePool = Callable[..., WorkerPool]
@@ -48,7 +50,7 @@ async def make_pool(tmp_path: Path) -> AsyncIterator[MakePool]:
     pools: list[WorkerPool] = []
 
     def make(**settings: Any) -> WorkerPool:
-        s = Settings(data_dir=tmp_path, **{"parallel": 2, "max_queue": 2, "keepalive": -1.0, **settings})
+        s = Settings(data_dir=tmp_path, **{"parallel": 2, "max_queue": 2, "keep_alive_s": -1.0, **settings})
         pool = WorkerPool(s, zmq.asyncio.Context(), Metrics(process=False))
         pool.start()
         pools.append(pool)
@@ -121,7 +123,7 @@ async def test_a_full_queue_is_overloaded_and_a_refusal_is_a_bad_request(make_po
     running = asyncio.ensure_future(answer(h, ask()))
     queued = asyncio.ensure_future(answer(h, ask()))
     await until(lambda: h.inflight == 2)
-    h.claim(2)  # two more requests handed this worker: refused at capacity, each spends its claim
+    pool.claims.hold(h.key, 2)  # two more requests handed this worker: refused at capacity, each spends its claim
     for _ in range(2):
         with pytest.raises(Overloaded, match="at capacity"):
             await answer(h, ask())
@@ -156,7 +158,7 @@ async def test_closing_a_generation_cancels_it_on_the_worker(make_pool: MakePool
 async def test_a_crash_fails_every_request_at_once_and_a_crash_loop_backs_off(
     make_pool: MakePool, tmp_path: Path
 ) -> None:
-    pool = make_pool(crash_limit=2, crash_window=60.0, crash_backoff=30.0)
+    pool = make_pool(crash_limit=2, crash_window_s=60.0, crash_backoff_s=30.0)
     entry = fake_model(tmp_path, "crash", tokens=100, delay_ms=5, crash_after=6)
     h = await worker(pool, entry)
     results = await asyncio.gather(answer(h, ask()), answer(h, ask()), return_exceptions=True)
@@ -174,7 +176,7 @@ async def test_a_crash_fails_every_request_at_once_and_a_crash_loop_backs_off(
 
 
 async def test_a_worker_that_never_loads_times_out_and_is_killed(make_pool: MakePool, tmp_path: Path) -> None:
-    pool = make_pool(load_timeout=1.0)
+    pool = make_pool(load_timeout_s=1.0)
     with pytest.raises(WorkerUnavailable, match="did not become ready within 1s"):
         await worker(pool, fake_model(tmp_path, "hang", hang_on_load=True))
     assert not pool.workers
@@ -245,8 +247,8 @@ async def test_a_worker_runs_isolated_in_the_gateways_private_folder(
     assert pool.runtime_dir.stat().st_mode & 0o777 == 0o700
 
 
-async def test_keepalive_zero_stops_a_worker_once_idle(make_pool: MakePool, tmp_path: Path) -> None:
-    pool = make_pool(keepalive=0.0)
+async def test_keep_alive_zero_stops_a_worker_once_idle(make_pool: MakePool, tmp_path: Path) -> None:
+    pool = make_pool(keep_alive_s=0.0)
     h = await worker(pool, fake_model(tmp_path, "k", tokens=2))
     await answer(h, ask())
     await until(lambda: h.state is State.STOPPED and not pool.workers)
@@ -272,14 +274,43 @@ async def test_a_worker_handed_to_a_request_is_not_evicted_before_the_request_re
 async def test_a_claim_never_used_lapses_and_a_stopped_worker_asks_for_a_retry(
     make_pool: MakePool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr("gateway.supervisor.handle.CLAIM_S", 0.2)
     pool = make_pool(max_loaded=1)
+    pool.claims.lapse_s = 0.2
     a = await worker(pool, fake_model(tmp_path, "a", tokens=2))  # its request failed before reaching it
     b = await asyncio.wait_for(worker(pool, fake_model(tmp_path, "b", tokens=2)), 5)
     assert a.state is State.STOPPED and b.state is State.READY
     with pytest.raises(Overloaded) as refused:  # a 503 with Retry-After, not a 500: nothing failed
         await answer(a, ask())
     assert refused.value.headers == {"Retry-After": "1"} and "was stopped" in refused.value.message
+
+
+async def test_requests_waiting_on_a_start_that_fails_hold_no_claim(make_pool: MakePool, tmp_path: Path) -> None:
+    pool = make_pool(load_timeout_s=0.5)
+    entry = fake_model(tmp_path, "h", hang_on_load=True)
+    waiting = [asyncio.ensure_future(worker(pool, entry)) for _ in range(3)]
+    await until(lambda: pool.claims.held(pool.key_for(entry, None, None, None)) == 3)
+    for w in waiting:
+        with pytest.raises(Exception, match="did not become ready"):
+            await w
+    assert pool.claims.held(pool.key_for(entry, None, None, None)) == 0
+
+
+def test_claims_are_held_until_released_or_lapsed() -> None:
+    now = [0.0]
+    claims = Claims(lapse_s=5.0, clock=lambda: now[0])
+    a, b = WorkerKey("a", "cpu", 512), WorkerKey("b", "cpu", 512)
+    claims.hold(a, 2)
+    claims.hold(b, 0)
+    assert (claims.held(a), claims.held(b)) == (2, 0)
+    claims.release(a)
+    claims.release(b)  # nothing held: a no-op
+    now[0] = 4.0
+    claims.hold(a)
+    assert claims.held(a) == 2
+    now[0] = 6.0  # the first claim lapsed, the one taken at 4 s has not
+    assert claims.held(a) == 1
+    claims.release(a)
+    assert claims.held(a) == 0
 
 
 async def test_a_request_whose_worker_crashed_before_it_arrived_asks_for_a_retry(make_pool: MakePool,
@@ -305,7 +336,7 @@ async def test_a_draft_model_makes_room_as_a_worker_does_or_is_a_503(
     await answer(idle, ask())
     target = await worker(pool, fake_model(tmp_path, "target", tokens=2))  # claimed by its request
     draft = fake_model(tmp_path, "draft").path
-    need = estimate_worker_bytes(draft, target.key.nctx * target.spec.parallel)
+    need = estimate_worker_bytes(draft, target.key.nctx * target.spec.worker.parallel)
     monkeypatch.setattr(pool, "_available_bytes", lambda: need - 1)  # one byte short: `idle` must go
     await pool.add_draft(target, draft)
     assert draft in target.drafts and idle.state is State.STOPPED and target.state is State.READY

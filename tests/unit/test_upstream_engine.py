@@ -258,7 +258,7 @@ async def test_an_upstream_worker_never_evicts_a_local_model(tmp_path: Path) -> 
 
     store = ModelStore(tmp_path, bundled=[])
     remote = store.add_upstream("acme/remote", spec(base_url=f"http://127.0.0.1:{free_port()}/v1", probe_interval=60))
-    pool = WorkerPool(Settings(data_dir=tmp_path, parallel=2, max_queue=2, keepalive=-1.0, max_loaded=1),
+    pool = WorkerPool(Settings(data_dir=tmp_path, parallel=2, max_queue=2, keep_alive_s=-1.0, max_loaded=1),
                       zmq.asyncio.Context(), Metrics(process=False))  # fmt: skip
     pool.start()
     try:

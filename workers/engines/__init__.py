@@ -25,6 +25,7 @@ from protocol.wire import (
     Speak,
     Transcribe,
 )
+from protocol.worker_args import WorkerArgs
 
 
 class EngineError(Exception):
@@ -105,18 +106,8 @@ class Tokenizes(Protocol):
         ...
 
 
-class EngineOptions(Protocol):
-    model_path: str
-    compute: str
-    nctx: int
-    ngl: int
-    parallel: int
-    threads: int
-    stream_interval_ms: int  # 0: send each token's text as it comes
-    batch_tokens: int  # an embedding engine's tokens per decode (0: its default)
-    cache_ram_mb: int  # the chat engine's prompt cache in host RAM (0: none)
-    cache_dir: str  # the NPU chat engine's converted graphs ("": the default data dir's npu/)
-    mmproj: str  # the chat engine's multimodal projector GGUF ("": none)
+# What an engine is loaded with: the worker's arguments.
+EngineOptions = WorkerArgs
 
 
 # name -> "module:factory"; the factory takes EngineOptions and returns a loaded Engine.

@@ -16,7 +16,6 @@ in its log, and reports the reason in Ready.fallback (shown by /v1/workers).
 
 from __future__ import annotations
 
-import copy
 import ctypes
 import os
 import shutil
@@ -28,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 import llama_cpp as L
+import msgspec
 import numpy as np
 import structlog
 
@@ -436,9 +436,7 @@ class CpuFallback:
     def __init__(self, opts: EngineOptions, reason: str) -> None:
         from workers.engines.llama.engine import LlamaEngine
 
-        cpu = copy.copy(opts)
-        cpu.compute = "cpu"
-        self.engine = LlamaEngine(cpu)
+        self.engine = LlamaEngine(msgspec.structs.replace(opts, compute="cpu"))
         self.reason = reason
 
     def ready(self) -> Ready:
