@@ -15,6 +15,10 @@ import os
 import platform
 
 SIMULATOR_ENV = "GENIEX_QNN_SIMULATOR"
+# `--npu-performance`: onnxruntime's QNN `htp_performance_mode` values, and `auto`, which a worker
+# resolves when it starts: `balanced` on battery, else `burst`.
+PERFORMANCE_MODES = ("auto", "burst", "sustained_high_performance", "high_performance", "balanced",
+                     "low_balanced", "high_power_saver", "power_saver", "low_power_saver", "extreme_power_saver")  # fmt: skip
 
 
 def is_simulated() -> bool:

@@ -20,6 +20,7 @@ class WorkerArgs(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
     cache_ram_mb: int = 0  # the chat engine's prompt cache in host RAM (0: none)
     cache_dir: str = ""  # the NPU chat engine's converted graphs ("": the default data dir's npu/)
     mmproj: str = ""  # the chat engine's multimodal projector GGUF ("": none)
+    npu_performance: str = "auto"  # QNN's HTP performance mode (protocol/qnn.py PERFORMANCE_MODES)
     name: str = "worker"  # in its log lines
     log_level: str = "info"
     # Set by the gateway as it starts the process: the two ZeroMQ endpoints and its own pid.

@@ -16,6 +16,8 @@ from typing import Annotated, Any, Literal
 
 import msgspec
 
+from protocol import qnn
+
 DEFAULT_HOST = "127.0.0.1:18181"
 
 
@@ -165,6 +167,11 @@ class Settings(msgspec.Struct, kw_only=True):
     webui: Annotated[bool, Flag(
         "serve no web UI (`/`, `/ops`, `/try`, `/docs`) and no `/openapi.json` (`GENIEX_NO_WEBUI=1`)",
         option="--no-webui")] = True  # fmt: skip
+    npu_performance: Annotated[str, Flag(
+        "the NPU's performance mode (QNN's HTP voltage and clock votes): `auto` is `burst` on mains power and "
+        "`balanced` on battery, as the power supply says when a worker starts; `sustained_high_performance` "
+        "suits long plugged-in runs, the `*power_saver` modes a laptop that must last (docs/accelerators.md)",
+        "workers", choices=qnn.PERFORMANCE_MODES)] = "auto"  # fmt: skip
     qnn_simulator: Annotated[bool, Flag(
         "on x86_64, let `compute: npu` use Qualcomm's HTP simulator (slow: development and tests only; see "
         "docs/accelerators.md). Without it, where there is no NPU, `npu` falls back to the CPU with a warning",

@@ -223,6 +223,7 @@ class WorkerPool:
                 cache_ram_mb=cache_mb,
                 cache_dir=str(s.data_dir / NPU_DIR) if row.npu_cache else "",
                 mmproj=entry.mmproj if row.projector else "",  # llama_npu: for its CPU fallback
+                npu_performance=s.npu_performance,
                 name=key.slug,
                 log_level=s.log_level or "info",
             ),

@@ -151,6 +151,7 @@ class OcrEngine:
     def __init__(self, opts: EngineOptions) -> None:
         t0 = time.perf_counter()
         self.folder = Path(opts.model_path)
+        self.npu_performance = opts.npu_performance
         graphs = model_graphs(self.folder)
         self.threads = opts.threads or psutil.cpu_count(logical=False) or os.cpu_count() or 1
         self.compute = "cpu"
@@ -186,7 +187,7 @@ class OcrEngine:
             return ort.InferenceSession(str(path), sess_options=so, providers=[CPU])
         so.enable_profiling = True  # for the probe: which provider ran which node
         so.profile_file_prefix = os.path.join(self._profile_dir or tempfile.gettempdir(), path.stem)
-        so.add_provider_for_devices(self._npu_devices[:1], qnn_options())
+        so.add_provider_for_devices(self._npu_devices[:1], qnn_options(self.npu_performance))
         return ort.InferenceSession(str(path), sess_options=so)
 
     def _start_npu(self) -> None:

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import json
 import os
-import platform
 import shutil
 import tempfile
 import time
@@ -105,15 +104,57 @@ def max_length(folder: Path, nctx: int) -> int:
     return max(1, min(limit, nctx)) if nctx > 0 else limit
 
 
-def qnn_options() -> dict[str, str]:
-    """HTP backend options. Off-device (x86_64) the HTP backend is Qualcomm's simulator, which
-    needs a SoC to model: without one it fails to finalize graphs ("QNN_COMMON_ERROR_MEM_ALLOC").
-    GENIEX_QNN_SOC_MODEL overrides the default (60); on a Snapdragon the EP detects the SoC."""
-    options = {"backend_type": "htp"}
-    soc = os.environ.get("GENIEX_QNN_SOC_MODEL") or ("60" if platform.machine() in ("x86_64", "AMD64") else "")
-    if soc:
-        options["soc_model"] = soc
+def qnn_options(performance: str = "auto") -> dict[str, str]:
+    """HTP backend options, every one explicit:
+
+    - fp16 precision: float graphs run in fp16 on the HTP (its native float type);
+    - the performance mode (`--npu-performance`): voltage and clock votes; `auto` is `burst` on mains
+      power and `balanced` on battery, read from the power supply as the worker starts;
+    - graph finalization at its most optimized (3): slower to compile, faster to run, and a graph is
+      compiled once and cached; in the simulator, whose compile time is all tests wait for, the default.
+
+    Off-device (x86_64) the HTP backend is Qualcomm's simulator, which needs a SoC to model: without
+    one it fails to finalize graphs ("QNN_COMMON_ERROR_MEM_ALLOC"). GENIEX_QNN_SOC_MODEL overrides the
+    default (60); on a Snapdragon the EP detects the SoC."""
+    options = {
+        "backend_type": "htp",
+        "enable_htp_fp16_precision": "1",
+        "htp_performance_mode": performance_mode(performance),
+    }
+    if qnn.is_simulated():
+        options["soc_model"] = os.environ.get("GENIEX_QNN_SOC_MODEL") or "60"
+    else:
+        options["htp_graph_finalization_optimization_mode"] = "3"
+        if soc := os.environ.get("GENIEX_QNN_SOC_MODEL"):
+            options["soc_model"] = soc
     return options
+
+
+def performance_mode(setting: str, power_supplies: Path = Path("/sys/class/power_supply")) -> str:
+    """`auto` resolved by the power source (Linux's power_supply class): `balanced` on a battery with
+    no mains supply online, else `burst` (a desktop has no battery); any other setting as it is."""
+    if setting != "auto":
+        return setting
+    kinds = {p: _read(p / "type") for p in power_supplies.glob("*")}
+    on_mains = any(kind == "Mains" and _read(p / "online") == "1" for p, kind in kinds.items())
+    return "balanced" if "Battery" in kinds.values() and not on_mains else "burst"
+
+
+def _read(path: Path) -> str:
+    try:
+        return path.read_text().strip()
+    except OSError:
+        return ""
+
+
+def skel_library_dir() -> str | None:
+    """The folder of the QNN wheel's Hexagon skel libraries (the code FastRPC loads onto the NPU),
+    for ADSP_LIBRARY_PATH; None where the wheel carries none (the simulator's)."""
+    import onnxruntime_qnn
+
+    root = Path(onnxruntime_qnn.get_library_path()).parent
+    found = sorted(root.rglob("libQnnHtpV*Skel.so"))
+    return str(found[0].parent) if found else None
 
 
 _qnn_registered = False
@@ -129,6 +170,10 @@ def register_qnn() -> list[Any]:
             "compute npu needs the onnxruntime-qnn package, which is not installed", kind=ErrorKind.ENGINE
         ) from None
     if not _qnn_registered:
+        # FastRPC finds the skel libraries through ADSP_LIBRARY_PATH, read when QNN first opens the
+        # NPU: the wheel's own, unless the operator set it (a Qualcomm SDK installed elsewhere).
+        if not qnn.is_simulated() and not os.environ.get("ADSP_LIBRARY_PATH") and (skel := skel_library_dir()):
+            os.environ["ADSP_LIBRARY_PATH"] = skel
         ort.register_execution_provider_library(QNN, onnxruntime_qnn.get_library_path())
         _qnn_registered = True
     devices = [d for d in ort.get_ep_devices() if d.ep_name == QNN]
@@ -169,6 +214,7 @@ class OnnxEngine(QueuedEngine):
 
     def __init__(self, opts: EngineOptions) -> None:
         t0 = time.perf_counter()
+        self.npu_performance = opts.npu_performance
         self.folder, self.model_file = model_files(opts.model_path)
         if not self.model_file.is_file():
             raise EngineError(f"{self.model_file} does not exist", kind=ErrorKind.ENGINE)
@@ -230,7 +276,7 @@ class OnnxEngine(QueuedEngine):
         if profile_dir is not None:
             so.enable_profiling = True
             so.profile_file_prefix = os.path.join(profile_dir, "probe")
-        so.add_provider_for_devices(self._npu_devices[:1], qnn_options())
+        so.add_provider_for_devices(self._npu_devices[:1], qnn_options(self.npu_performance))
         return ort.InferenceSession(str(self.model_file), sess_options=so)
 
     def _start_npu(self) -> None:

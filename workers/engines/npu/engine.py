@@ -185,7 +185,7 @@ class NpuChatEngine(VocabTokens):
         profile_dir = tempfile.mkdtemp(prefix="geniex-npu-") if opts.compute == "hybrid" and devices else None
         self.provider = QNN if devices else CPU
         factory: SessionFactory = qnn_session_factory(
-            devices, qnn_options(), opts.threads or 2, cpu_fallback=opts.compute == "hybrid",
+            devices, qnn_options(opts.npu_performance), opts.threads or 2, cpu_fallback=opts.compute == "hybrid",
             on_build=lambda label, secs, warm: self.builds.append((label, secs, warm)), profile_dir=profile_dir,
         ) if devices else cpu_session_factory(cpu_threads)  # fmt: skip
         try:
