@@ -266,6 +266,7 @@ def _draining_server_class():  # type: ignore[no-untyped-def]
 
 def main(argv: list[str] | None = None) -> int:
     from gateway.models.cli import add_model_commands
+    from gateway.models.npu_cli import add_npu_command
     from gateway.ops.usage_cli import add_usage_command
 
     parser = argparse.ArgumentParser(prog="geniex", description="GenieX Server: local OpenAI-compatible inference")
@@ -274,6 +275,7 @@ def main(argv: list[str] | None = None) -> int:
     _env_defaults(serve)
     serve.set_defaults(env_warnings=unknown_env(serve, os.environ))
     add_model_commands(sub)
+    add_npu_command(sub)
     add_usage_command(sub)
     args = parser.parse_args(argv)
     return int(args.func(args) or 0)

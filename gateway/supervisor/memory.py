@@ -12,6 +12,7 @@ import structlog
 from gateway.models.store import ModelEntry
 from protocol import engines
 from protocol.engines import EMBED_BATCH_TOKENS
+from protocol.npu_plan import Shape
 
 log = structlog.get_logger("gateway.supervisor.memory")
 
@@ -29,6 +30,8 @@ _WANTED = (".block_count", ".embedding_length", ".attention.head_count", ".atten
            ".feed_forward_length", ".vocab_size")  # fmt: skip
 ARCHITECTURE = "general.architecture"
 TOKENS = "tokenizer.ggml.tokens"
+# The head's GGML type, or the token embedding's when the head is tied to it (no output.weight).
+HEAD_TYPES = ("tensor.output.weight.type", "tensor.token_embd.weight.type")
 # Encoder-only architectures: embedding models even when the file declares no pooling.
 ENCODER_ARCHS = frozenset({
     "bert", "nomic-bert", "nomic-bert-moe", "jina-bert-v2", "jina-bert-v3", "neo-bert", "modern-bert", "eurobert",
@@ -51,7 +54,7 @@ def read_gguf_numbers(path: str) -> dict[str, float | str]:
         (version,) = struct.unpack("<I", f.read(4))
         count_fmt = "<I" if version == 1 else "<Q"
         size = struct.calcsize(count_fmt)
-        f.read(size)  # tensor count
+        (n_tensors,) = struct.unpack(count_fmt, f.read(size))
         (n_kv,) = struct.unpack(count_fmt, f.read(size))
 
         def string() -> bytes:
@@ -91,6 +94,14 @@ def read_gguf_numbers(path: str) -> dict[str, float | str]:
                 skip(vtype)
             else:
                 skip(vtype)
+        for _ in range(n_tensors):  # the head's type (the NPU plan: HEAD_TYPES)
+            name = string()
+            (n_dims,) = struct.unpack("<I", f.read(4))
+            f.seek(8 * n_dims, 1)
+            (ggml_type,) = struct.unpack("<I", f.read(4))
+            f.seek(8, 1)  # offset
+            if name in (b"output.weight", b"token_embd.weight"):
+                out[f"tensor.{name.decode()}.type"] = ggml_type
     return out
 
 
@@ -214,3 +225,32 @@ def npu_chat_bytes(path: str, nctx: int) -> int:
     graph = 4 * params
     kv = 4 * n_layer * 2 * kv_dim * min(nctx, NPU_MAX_CTX)
     return int(graph * NPU_SESSION_FACTOR * NPU_SESSIONS) + kv + WORKER_OVERHEAD
+
+
+# GGML types the NPU converter keeps at 8 bits (Q8_0, Q8_1, Q6_K, Q8_K); every other matrix at 4.
+EIGHT_BIT_TYPES = frozenset({8, 9, 14, 15})
+
+
+def npu_shape(path: str) -> Shape:
+    """A decoder GGUF's shape for the NPU plan (protocol/npu_plan.py), from its header alone;
+    ValueError when the header lacks what the plan needs."""
+    meta = read_gguf_numbers(path)
+
+    def value(suffix: str, default: float | None = None) -> int:
+        found = next((v for k, v in meta.items() if k.endswith(suffix) and isinstance(v, int | float)), default)
+        if found is None:
+            raise ValueError(f"{path}: the GGUF header has no {suffix.lstrip('.')}")
+        return int(found)
+
+    n_embd, n_head = value(".embedding_length"), value(".attention.head_count")
+    head_type = next((meta[k] for k in HEAD_TYPES if k in meta), 0)
+    return Shape(
+        n_layer=value(".block_count"),
+        n_embd=n_embd,
+        n_head=n_head,
+        n_head_kv=value(".attention.head_count_kv", n_head),
+        head_dim=value(".attention.key_length", n_embd // max(1, n_head)),
+        n_ff=value(".feed_forward_length"),
+        n_vocab=value(".vocab_size", 0) or value(TOKENS),
+        head_bits=8 if head_type in EIGHT_BIT_TYPES else 4,
+    )
