@@ -15,6 +15,9 @@ The limits, from Qualcomm's and onnxruntime's documentation (not measured here: 
 
 from __future__ import annotations
 
+import os
+from collections.abc import Mapping
+from pathlib import Path
 from typing import NamedTuple
 
 import msgspec
@@ -54,6 +57,26 @@ COMPATIBLE = {"qcom,x1e": "x-elite", "qcom,x1p": "x-elite", "qcom,sm8550": "8-ge
 
 def soc_by_model(soc_model: int) -> Soc | None:
     return next((s for s in SOCS.values() if s.soc_model == soc_model), None)
+
+
+def detect_soc(environ: Mapping[str, str] = os.environ,
+               compatible: Path = Path("/sys/firmware/devicetree/base/compatible")) -> tuple[Soc, str]:  # fmt: skip
+    """The SoC whose limits apply, and how it was found: GENIEX_QNN_SOC_MODEL (the simulator's SoC
+    too), else a Linux Snapdragon's device tree, else the X Elite, assumed (Windows on Arm, or a SoC
+    this table does not know)."""
+    if raw := environ.get("GENIEX_QNN_SOC_MODEL", "").strip():
+        soc = soc_by_model(int(raw)) if raw.isdigit() else None
+        if soc is not None:
+            return soc, f"GENIEX_QNN_SOC_MODEL={raw}"
+    try:
+        names = compatible.read_bytes().split(b"\0")
+    except OSError:
+        names = []
+    for name in names:
+        for prefix, soc_name in COMPATIBLE.items():
+            if name.decode(errors="replace").startswith(prefix):
+                return SOCS[soc_name], f"the device tree says {name.decode(errors='replace')}"
+    return SOCS[DEFAULT_SOC], f"assumed ({DEFAULT_SOC}): the SoC was not recognized"
 
 
 class Shape(msgspec.Struct, frozen=True):

@@ -22,8 +22,8 @@ def add_npu_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     npu = sub.add_parser("npu", help="chat models on a Snapdragon's NPU").add_subparsers(dest="npu", required=True)
     p = npu.add_parser("plan", help="how a model would be split for the NPU, and whether it fits, without building")
     p.add_argument("model", help="a model name (as `geniex list` shows it) or a GGUF file")
-    p.add_argument("--soc", choices=sorted(npu_plan.SOCS), default=npu_plan.DEFAULT_SOC,
-                   help=f"the Snapdragon to plan for (default {npu_plan.DEFAULT_SOC})")  # fmt: skip
+    p.add_argument("--soc", choices=sorted(npu_plan.SOCS), default=None,
+                   help=f"the Snapdragon to plan for (default: this machine's, else {npu_plan.DEFAULT_SOC})")  # fmt: skip
     p.add_argument("--nctx", type=int, default=4096, help="context the KV cache is sized for (default 4096)")
     p.add_argument("--shared-weights", action="store_true",
                    help="plan for prefill and decode contexts sharing one copy of the weights (binaries built "
@@ -52,7 +52,7 @@ def _plan(args: argparse.Namespace) -> int:
         raise SystemExit(f"error: {exc.message}") from None
     except (OSError, ValueError, struct.error, KeyError) as exc:  # a truncated or corrupt header
         raise SystemExit(f"error: {args.model}: not a readable GGUF header ({exc})") from None
-    soc = npu_plan.SOCS[args.soc]
+    soc = npu_plan.SOCS[args.soc] if args.soc else npu_plan.detect_soc()[0]
     plan = npu_plan.plan(shape, soc, args.nctx, shared_weights=args.shared_weights)
     if args.json:
         sys.stdout.write(msgspec.json.encode(plan).decode() + "\n")

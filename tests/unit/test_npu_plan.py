@@ -85,3 +85,13 @@ def test_a_broken_file_is_one_line_naming_it(tmp_path: Path, content: bytes) -> 
     bad.write_bytes(content)
     done = _geniex(str(bad))
     assert done.returncode != 0 and "bad.gguf" in done.stderr and "Traceback" not in done.stderr, done.stderr
+
+
+def test_the_soc_comes_from_the_setting_then_the_device_tree_then_a_stated_assumption(tmp_path: Path) -> None:
+    tree = tmp_path / "compatible"
+    tree.write_bytes(b"lenovo,thinkpad-t14s\0qcom,x1e78100\0qcom,x1e80100\0")
+    assert npu_plan.detect_soc({"GENIEX_QNN_SOC_MODEL": "57"}, tree)[0].name == "8-gen-3"
+    soc, how = npu_plan.detect_soc({}, tree)
+    assert soc.name == "x-elite" and "qcom,x1e78100" in how
+    soc, how = npu_plan.detect_soc({"GENIEX_QNN_SOC_MODEL": "banana"}, tmp_path / "none")
+    assert soc.name == npu_plan.DEFAULT_SOC and "assumed" in how
