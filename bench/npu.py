@@ -43,6 +43,7 @@ def main() -> int:
 
     import llama_cpp as L
     import numpy as np
+    from gguf import GGUFReader
 
     from gateway.models.store import bundled_models
     from workers.engines.npu.convert import DecoderConfig, cached_or_convert
@@ -59,6 +60,11 @@ def main() -> int:
     say(f"conversion {r['convert_s']:.1f}s = {r['convert_s'] / r['llama_load_s']:.0f}x llama.cpp's load "
         f"({r['llama_load_s']:.2f}s)")  # fmt: skip
     cfg = DecoderConfig.load(folder)
+    graph_bytes = sum(f.stat().st_size for f in folder.iterdir() if f.name.startswith("model.onnx"))
+    n_params = sum(int(t.n_elements) for t in GGUFReader(gguf).tensors)
+    r["graph_mb"], r["graph_bytes_per_param"] = graph_bytes / 1e6, graph_bytes / n_params
+    say(f"graph {r['graph_mb']:.1f} MB for {n_params / 1e6:.1f}M parameters: {r['graph_bytes_per_param']:.3f} "
+        f"bytes/parameter (weights: {cfg.quantization}; the token table stays in the GGUF)")  # fmt: skip
     devices = register_qnn()
 
     def qnn_decoder() -> Decoder:
@@ -100,7 +106,7 @@ def main() -> int:
         f"CPU EP/llama.cpp {r['cpu_ep_step_s'] / r['llama_step_s']:.1f}x)")  # fmt: skip
     say(f"greedy tokens agree (QNN fp16 vs CPU EP fp32): {qnn_toks == cpu_toks}")
     print(json.dumps({k: round(v, 4) for k, v in r.items()}))
-    shutil.rmtree(cache, ignore_errors=True)  # the graph and its context binaries: about 2 GB
+    shutil.rmtree(cache, ignore_errors=True)  # the graph and its context binaries
     return 0
 
 

@@ -105,3 +105,7 @@ def test_what_the_engine_lacks_is_refused_by_name(engine: NpuChatEngine) -> None
         engine.submit(Logits(req_id=9, log_id="t9", input_ids=[1, 2, 3]))
     with pytest.raises(EngineError, match="NPU context is 128"):
         engine.submit(gen(messages=[{"role": "user", "content": "word " * 200}]))
+
+
+def test_ready_says_how_the_weights_reached_the_graph(engine: NpuChatEngine) -> None:
+    assert engine.ready().description.endswith("; weights: requantized q4_1→4-bit (210 tensors), q8_0 exact (1)")

@@ -3,13 +3,23 @@
 Only `gguf` (to read and dequantize the tensors) and `onnx.helper` (to write the graph); no torch.
 The graph is built for a static-shape NPU:
 
-- inputs: `input_ids` [1, seq], an additive `attn_mask` [1, 1, seq, total] (total = past + seq),
-  the RoPE tables `rope_cos`/`rope_sin` [1, 1, seq, head_dim], and per layer `past_key_i` /
-  `past_value_i` [1, n_head_kv, past, head_dim]. The host owns the KV buffer, fills the mask and the
-  tables (so positions, context length and RoPE scaling are the host's business, not the graph's),
-  and pins `seq`, `past` and `total` per session (free-dimension overrides);
+- inputs: `inputs_embeds` [1, seq, n_embd] (the host looks the tokens' rows up in the GGUF itself,
+  dequantizing only those rows: the vocab x width table never enters the graph), an additive
+  `attn_mask` [1, 1, seq, total] (total = past + seq), the RoPE tables `rope_cos`/`rope_sin`
+  [1, 1, seq, head_dim], and per layer `past_key_i` / `past_value_i` [1, n_head_kv, past, head_dim].
+  The host owns the KV buffer, fills the mask and the tables (so positions, context length and RoPE
+  scaling are the host's business, not the graph's), and pins `seq`, `past` and `total` per
+  session (free-dimension overrides);
 - outputs: `logits` [1, seq, n_vocab], and only the new tokens' `present_key_i` / `present_value_i`
   [1, n_head_kv, seq, head_dim], which the host writes into its buffer.
+
+Weights: every matrix is onnxruntime's `com.microsoft.MatMulNBits` with blocks of 32 along K.
+Q4_0 and Q8_0 tensors are repacked bit for bit (bits=4 / bits=8, a fp32 scale per block and the
+default zero point, 8 / 128), so the graph computes with exactly the GGUF's weights; any other type
+is dequantized and quantized as ggml's Q4_0 does (Q8_0 for the 6- and 8-bit types), and npu.json
+says which (`quantization`). A tied output head is the token embedding stored once, as the head.
+Only norms and biases stay float. Initializers are appended to model.onnx.data one tensor at a
+time, so converting holds about one tensor in memory.
 
 Exactness details: GGUF stores each head's Q/K rows in the interleaved order llama.cpp's RoPE
 wants; they are put back in the half-split order here, so a plain rotate-half RoPE is exact. The
@@ -36,7 +46,7 @@ import numpy as np
 
 from protocol.npu_cache import CONFIG_FILE, remove_stale
 
-CONVERTER_VERSION = 1
+CONVERTER_VERSION = 2  # 2: MatMulNBits weights, host-side embedding lookup (inputs_embeds)
 GRAPH_FILE = "model.onnx"
 WEIGHTS_FILE = "model.onnx.data"
 # Architectures whose GGUF tensors this converter maps; others stay on llama.cpp.
@@ -45,6 +55,8 @@ SUPPORTED_ARCHS = ("llama", "qwen2")
 # (qwen2: NEOX RoPE) keep the half-split order rotate-half wants.
 INTERLEAVED_ROPE_ARCHS = ("llama",)
 MASKED = -10000.0  # additive mask for hidden positions: exp() of it is 0 in fp32 and in fp16 (HTP)
+BLOCK = 32  # MatMulNBits block_size: the Q4_0 / Q8_0 block
+INLINE_BYTES = 1024  # initializers smaller than this stay inside the protobuf
 
 
 class ConversionError(Exception):
@@ -69,6 +81,12 @@ class DecoderConfig:
     rope_freq_factors: list[float] | None  # llama 3.x: per-frequency divisors (rope_freqs.weight)
     source: str
     converter_version: int = CONVERTER_VERSION
+    # The token embedding, read from the GGUF by the host: its ggml type and byte offset in the file.
+    embd_type: int = 0
+    embd_offset: int = 0
+    # How the weights reached the graph, e.g. "q4_0 exact (210 tensors), requantized q4_1→4-bit (1)".
+    quantization: str = ""
+    requantized: list[str] | None = None  # the tensors quantized again (not repacked as they were)
 
     @classmethod
     def load(cls, folder: Path) -> DecoderConfig:
@@ -159,6 +177,8 @@ def read_config(reader: Any, source: str) -> DecoderConfig:
         rope_linear_scale=scale or 1.0,
         rope_freq_factors=[float(x) for x in _dequant(factors).ravel()] if factors is not None else None,
         source=str(Path(source).resolve()),
+        embd_type=int(embd.tensor_type),
+        embd_offset=int(embd.data_offset),
     )
 
 
@@ -182,11 +202,95 @@ def unpermute_rope_rows(w: np.ndarray, n_heads: int) -> np.ndarray:
     return w.reshape(n_heads, d // 2, 2, cols).transpose(0, 2, 1, 3).reshape(rows, cols)
 
 
+# ---- weights as MatMulNBits ---------------------------------------------------------------------
+
+
+def _rows(tensor: Any) -> np.ndarray:
+    """A GGUF tensor's stored rows, undecoded: [out_features, bytes per row] for the block types."""
+    rows = int(tensor.shape[-1]) if len(tensor.shape) > 1 else 1
+    return np.asarray(tensor.data).reshape(rows, -1)
+
+
+def pack_q4_0(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Q4_0 blocks [N, K/32 * 18] as MatMulNBits bits=4: B [N, K/32, 16] uint8 and the fp32 scales
+    [N * K/32]. ggml keeps element j in the low nibble and j+16 in the high nibble of byte j;
+    MatMulNBits wants elements 2i and 2i+1 in the low and high nibble of byte i. Same codes, same
+    zero point (8): exact."""
+    n = rows.shape[0]
+    blocks = rows.reshape(n, -1, 18)
+    scales = blocks[:, :, :2].copy().view(np.float16).astype(np.float32).reshape(-1)
+    qs = blocks[:, :, 2:]
+    codes = np.concatenate([qs & 0x0F, qs >> 4], axis=2)  # [N, nb, 32] in element order
+    packed = (codes[:, :, 0::2] | (codes[:, :, 1::2] << 4)).astype(np.uint8)
+    return packed, scales
+
+
+def pack_q8_0(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Q8_0 blocks [N, K/32 * 34] as MatMulNBits bits=8: q + 128 as uint8 (the default zero point
+    of 8-bit MatMulNBits is 128) and the fp32 scales. Exact."""
+    n = rows.shape[0]
+    blocks = rows.reshape(n, -1, 34)
+    scales = blocks[:, :, :2].copy().view(np.float16).astype(np.float32).reshape(-1)
+    packed = blocks[:, :, 2:] ^ np.uint8(0x80)  # int8 q -> uint8 q + 128
+    return np.ascontiguousarray(packed), scales
+
+
+def _quantize(w: np.ndarray, bits: int) -> tuple[np.ndarray, np.ndarray]:
+    """Float rows [N, K] quantized as ggml's quantize_row_q4_0 / q8_0 do, then packed."""
+    from gguf import GGMLQuantizationType, quants
+
+    qtype = GGMLQuantizationType.Q4_0 if bits == 4 else GGMLQuantizationType.Q8_0
+    blocks = quants.quantize(np.ascontiguousarray(w, dtype=np.float32), qtype)
+    return pack_q4_0(blocks) if bits == 4 else pack_q8_0(blocks)
+
+
+def _dequant_rows(rows: np.ndarray, qtype: Any) -> np.ndarray:
+    from gguf import GGMLQuantizationType, quants
+
+    if qtype == GGMLQuantizationType.F32:
+        return np.ascontiguousarray(rows).view(np.float32) if rows.dtype != np.float32 else rows
+    return quants.dequantize(rows, qtype).astype(np.float32, copy=False)
+
+
+# Types too fine for 4 bits: they become 8-bit blocks when quantized again (the rest: 4-bit).
+EIGHT_BIT_TYPES = ("Q6_K", "Q8_1", "Q8_K")
+
+
+def weight_blocks(tensor: Any, transform: Callable[[np.ndarray], np.ndarray] | None = None,
+                  factor: float = 1.0) -> tuple[int, np.ndarray, np.ndarray | None, str]:  # fmt: skip
+    """A GGUF weight [N, K] as (bits, B, scales, how): repacked when it is Q4_0/Q8_0, else quantized
+    again (8-bit for EIGHT_BIT_TYPES, else 4-bit, F16/F32 included). `transform` permutes
+    rows (Q/K RoPE order), which works on block rows as on float rows; `factor` scales the rows
+    (folded into the block scales). A width that is no multiple of 32 stays float (bits 0, B the
+    [K, N] matrix for a plain MatMul)."""
+    from gguf import GGMLQuantizationType
+
+    qtype = GGMLQuantizationType(tensor.tensor_type)
+    name = qtype.name.lower()
+    rows = _rows(tensor)
+    if qtype in (GGMLQuantizationType.Q4_0, GGMLQuantizationType.Q8_0):
+        rows = transform(rows) if transform is not None else rows
+        bits = 4 if qtype == GGMLQuantizationType.Q4_0 else 8
+        packed, scales = pack_q4_0(rows) if bits == 4 else pack_q8_0(rows)
+        return bits, packed, scales * np.float32(factor), f"{name} exact"
+    w = _dequant_rows(rows, qtype).reshape(rows.shape[0], -1)
+    w = transform(w) if transform is not None else w
+    w = w * np.float32(factor) if factor != 1.0 else w
+    if w.shape[1] % BLOCK:
+        return 0, np.ascontiguousarray(w.T), None, f"{name} float"
+    bits = 8 if qtype.name in EIGHT_BIT_TYPES else 4
+    packed, scales = _quantize(w, bits)
+    return bits, packed, scales, f"requantized {name}→{bits}-bit"
+
+
 # ---- the graph ---------------------------------------------------------------------------------
 
 
 class _Graph:
-    def __init__(self) -> None:
+    """Nodes, and initializers appended to the external weights file as they come (each tensor is
+    written and dropped at once: converting holds about one tensor)."""
+
+    def __init__(self, data_path: Path) -> None:
         from onnx import helper, numpy_helper
 
         self.helper = helper
@@ -194,10 +298,34 @@ class _Graph:
         self.nodes: list[Any] = []
         self.inits: list[Any] = []
         self._n = 0
+        self._data = data_path.open("wb")
+        self._offset = 0
+        self.location = data_path.name
 
     def const(self, name: str, array: np.ndarray) -> str:
-        self.inits.append(self.numpy_helper.from_array(np.ascontiguousarray(array), name))
+        from onnx import TensorProto, helper
+
+        array = np.ascontiguousarray(array)
+        if array.nbytes < INLINE_BYTES:
+            self.inits.append(self.numpy_helper.from_array(array, name))
+            return name
+        align = 4096 if array.nbytes >= 1 << 20 else 64  # large tensors page-aligned: onnxruntime maps them
+        pad = -self._offset % align
+        if pad:
+            self._data.write(b"\0" * pad)
+            self._offset += pad
+        self._data.write(array.tobytes())
+        t = TensorProto(name=name, data_type=helper.np_dtype_to_tensor_dtype(array.dtype), dims=list(array.shape))
+        t.data_location = TensorProto.EXTERNAL
+        for key, value in (("location", self.location), ("offset", str(self._offset)), ("length", str(array.nbytes))):
+            entry = t.external_data.add()
+            entry.key, entry.value = key, value
+        self._offset += array.nbytes
+        self.inits.append(t)
         return name
+
+    def close(self) -> None:
+        self._data.close()
 
     def op(self, op_type: str, inputs: list[str], n_out: int = 1, **attrs: Any) -> Any:
         self._n += 1
@@ -210,10 +338,35 @@ class _Graph:
         self.nodes.append(self.helper.make_node(op_type, inputs, [output], name=f"{op_type}_{self._n}", **attrs))
         return output
 
+    def matmul(self, v: str, name: str, blocks: tuple[int, np.ndarray, np.ndarray | None, str],
+               output: str | None = None) -> str:  # fmt: skip
+        """v @ W.T for a weight from weight_blocks(): MatMulNBits, or a float MatMul."""
+        bits, b, scales, _how = blocks
+        if scales is None:  # bits 0: a float [K, N] matrix
+            inputs = [v, self.const(name, b)]
+            return self.named("MatMul", inputs, output) if output else self.op("MatMul", inputs)
+        n, k = b.shape[0], b.shape[1] * BLOCK
+        inputs = [v, self.const(name, b), self.const(name + ".scales", scales)]
+        attrs = {"K": k, "N": n, "bits": bits, "block_size": BLOCK, "domain": "com.microsoft"}
+        if output:
+            return self.named("MatMulNBits", inputs, output, **attrs)
+        return self.op("MatMulNBits", inputs, **attrs)
+
+
+def describe_quantization(hows: list[str]) -> str:
+    """How many weights reached the graph which way: "q4_0 exact (210 tensors), q8_0 exact (1)"."""
+    from collections import Counter
+
+    parts = []
+    for i, (how, n) in enumerate(Counter(hows).most_common()):
+        parts.append(f"{how} ({n} tensor{'s' if n != 1 else ''})" if i == 0 else f"{how} ({n})")
+    return ", ".join(parts)
+
 
 def convert(gguf_path: str, out_dir: Path, progress: Callable[[str], None] | None = None) -> DecoderConfig:
     """Write model.onnx (+ its external weights) and npu.json for the GGUF into `out_dir`."""
-    import onnx
+    from dataclasses import replace
+
     from gguf import GGUFReader
     from onnx import TensorProto, helper
 
@@ -223,24 +376,28 @@ def convert(gguf_path: str, out_dir: Path, progress: Callable[[str], None] | Non
     cfg = read_config(reader, gguf_path)
     tensors = {t.name: t for t in reader.tensors}
 
-    def weight(name: str) -> np.ndarray:
+    def tensor(name: str) -> Any:
         if name not in tensors:
             raise ConversionError(f"the GGUF has no tensor {name}")
-        return _dequant(tensors[name])
+        return tensors[name]
 
-    g = _Graph()
+    def weight(name: str) -> np.ndarray:
+        return _dequant(tensor(name))
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    g = _Graph(out_dir / WEIGHTS_FILE)
+    hows: dict[str, str] = {}
     d, h, hkv, group = cfg.head_dim, cfg.n_head, cfg.n_head_kv, cfg.n_head // cfg.n_head_kv
     f32 = TensorProto.FLOAT
     inputs = [
-        helper.make_tensor_value_info("input_ids", TensorProto.INT64, [1, "seq"]),
+        helper.make_tensor_value_info("inputs_embeds", f32, [1, "seq", cfg.n_embd]),
         helper.make_tensor_value_info("attn_mask", f32, [1, 1, "seq", "total"]),
         helper.make_tensor_value_info("rope_cos", f32, [1, 1, "seq", d]),
         helper.make_tensor_value_info("rope_sin", f32, [1, 1, "seq", d]),
     ]
     outputs = [helper.make_tensor_value_info("logits", f32, [1, "seq", cfg.n_vocab])]
 
-    embd = weight("token_embd.weight")  # [n_vocab, n_embd]
-    x = g.op("Gather", [g.const("token_embd", embd), "input_ids"], axis=0)  # [1, seq, n_embd]
+    x = "inputs_embeds"  # [1, seq, n_embd]
     # rotate_half(v) = v @ R: [-v2, v1] for the halves v1, v2 (a matmul by 0/±1 is exact).
     rot = np.zeros((d, d), dtype=np.float32)
     half = d // 2
@@ -259,19 +416,21 @@ def convert(gguf_path: str, out_dir: Path, progress: Callable[[str], None] | Non
         return g.op("SimplifiedLayerNormalization", [v, g.const(name, weight(name))], axis=-1, epsilon=cfg.rms_eps,
                     stash_type=1)  # fmt: skip
 
-    def linear(v: str, name: str, w: np.ndarray | None = None) -> str:
-        w = weight(name) if w is None else w
-        return g.op("MatMul", [v, g.const(name, np.ascontiguousarray(w.T))])
+    def linear(v: str, name: str, transform: Callable[[np.ndarray], np.ndarray] | None = None, factor: float = 1.0,
+               output: str | None = None, source: str | None = None) -> str:  # fmt: skip
+        blocks = weight_blocks(tensor(source or name), transform, factor)
+        hows[source or name] = blocks[3]
+        return g.matmul(v, name, blocks, output)
 
     def projection(v: str, name: str, rope_heads: int, factor: float) -> str:
         """Q, K or V with its optional bias (qwen2 has them): rows put in rotate-half order for
         `rope_heads` heads, and scaled by `factor` (the attention scale, for Q)."""
-        w = weight(name + ".weight")
         b = weight(name + ".bias").reshape(-1, 1) if name + ".bias" in tensors else None
+        transform = None
         if rope_heads and cfg.arch in INTERLEAVED_ROPE_ARCHS:
-            w = unpermute_rope_rows(w, rope_heads)
+            transform = lambda rows: unpermute_rope_rows(rows, rope_heads)  # noqa: E731
             b = unpermute_rope_rows(b, rope_heads) if b is not None else None
-        out = linear(v, name + ".weight", w * np.float32(factor))
+        out = linear(v, name + ".weight", transform, factor)
         if b is None:
             return out
         return g.op("Add", [out, g.const(name + ".bias", (b.ravel() * np.float32(factor)).astype(np.float32))])
@@ -282,49 +441,53 @@ def convert(gguf_path: str, out_dir: Path, progress: Callable[[str], None] | Non
 
     say(f"converting {Path(gguf_path).name} ({cfg.arch}, {cfg.n_layer} layers) to an ONNX graph for the NPU")
     every = max(1, cfg.n_layer // 4)  # a progress line per quarter, not per layer
-    for i in range(cfg.n_layer):
-        if (i + 1) % every == 0 and i + 1 < cfg.n_layer:
-            say(f"converted {i + 1}/{cfg.n_layer} layers")
-        p = f"blk.{i}."
-        past_k, past_v = f"past_key_{i}", f"past_value_{i}"
-        inputs += [helper.make_tensor_value_info(n, f32, [1, hkv, "past", d]) for n in (past_k, past_v)]
-        outputs += [helper.make_tensor_value_info(n, f32, [1, hkv, "seq", d]) for n in (f"present_key_{i}",
-                                                                                         f"present_value_{i}")]  # fmt: skip
-        hn = rms(x, p + "attn_norm.weight")
-        q = g.op("Transpose", [g.op("Reshape", [projection(hn, p + "attn_q", h, scale), shape_heads])],
-                 perm=[0, 2, 1, 3])  # fmt: skip
-        k = g.op("Transpose", [g.op("Reshape", [projection(hn, p + "attn_k", hkv, 1.0), shape_kv_heads])],
-                 perm=[0, 2, 1, 3])  # fmt: skip
-        v = g.op("Transpose", [g.op("Reshape", [projection(hn, p + "attn_v", 0, 1.0), shape_kv_heads])],
-                 perm=[0, 2, 1, 3])  # fmt: skip
-        q = rope(q)
-        k = g.named("Identity", [rope(k)], f"present_key_{i}")
-        v = g.named("Identity", [v], f"present_value_{i}")
-        keys = g.op("Concat", [past_k, k], axis=2)  # [1, hkv, total, d]
-        values = g.op("Concat", [past_v, v], axis=2)
-        qg = g.op("Reshape", [q, shape_grouped])  # [1, hkv, group*seq, d]
-        scores = g.op("MatMul", [qg, g.op("Transpose", [keys], perm=[0, 1, 3, 2])])  # [1, hkv, group*seq, total]
-        probs = g.op("Softmax", [g.op("Add", [scores, mask])], axis=-1)
-        ctx = g.op("Reshape", [g.op("MatMul", [probs, values]), shape_ungrouped])  # [1, h, seq, d]
-        ctx = g.op("Reshape", [g.op("Transpose", [ctx], perm=[0, 2, 1, 3]), shape_flat])  # [1, seq, h*d]
-        x = g.op("Add", [x, linear(ctx, p + "attn_output.weight")])
-        hn = rms(x, p + "ffn_norm.weight")
-        gate = linear(hn, p + "ffn_gate.weight")
-        act = g.op("Mul", [g.op("Mul", [gate, g.op("Sigmoid", [gate])]), linear(hn, p + "ffn_up.weight")])
-        x = g.op("Add", [x, linear(act, p + "ffn_down.weight")])
+    try:
+        for i in range(cfg.n_layer):
+            if (i + 1) % every == 0 and i + 1 < cfg.n_layer:
+                say(f"converted {i + 1}/{cfg.n_layer} layers")
+            p = f"blk.{i}."
+            past_k, past_v = f"past_key_{i}", f"past_value_{i}"
+            inputs += [helper.make_tensor_value_info(n, f32, [1, hkv, "past", d]) for n in (past_k, past_v)]
+            outputs += [helper.make_tensor_value_info(n, f32, [1, hkv, "seq", d]) for n in (f"present_key_{i}",
+                                                                                             f"present_value_{i}")]  # fmt: skip
+            hn = rms(x, p + "attn_norm.weight")
+            q = g.op("Transpose", [g.op("Reshape", [projection(hn, p + "attn_q", h, scale), shape_heads])],
+                     perm=[0, 2, 1, 3])  # fmt: skip
+            k = g.op("Transpose", [g.op("Reshape", [projection(hn, p + "attn_k", hkv, 1.0), shape_kv_heads])],
+                     perm=[0, 2, 1, 3])  # fmt: skip
+            v = g.op("Transpose", [g.op("Reshape", [projection(hn, p + "attn_v", 0, 1.0), shape_kv_heads])],
+                     perm=[0, 2, 1, 3])  # fmt: skip
+            q = rope(q)
+            k = g.named("Identity", [rope(k)], f"present_key_{i}")
+            v = g.named("Identity", [v], f"present_value_{i}")
+            keys = g.op("Concat", [past_k, k], axis=2)  # [1, hkv, total, d]
+            values = g.op("Concat", [past_v, v], axis=2)
+            qg = g.op("Reshape", [q, shape_grouped])  # [1, hkv, group*seq, d]
+            scores = g.op("MatMul", [qg, g.op("Transpose", [keys], perm=[0, 1, 3, 2])])  # [1, hkv, group*seq, total]
+            probs = g.op("Softmax", [g.op("Add", [scores, mask])], axis=-1)
+            ctx = g.op("Reshape", [g.op("MatMul", [probs, values]), shape_ungrouped])  # [1, h, seq, d]
+            ctx = g.op("Reshape", [g.op("Transpose", [ctx], perm=[0, 2, 1, 3]), shape_flat])  # [1, seq, h*d]
+            x = g.op("Add", [x, linear(ctx, p + "attn_output.weight")])
+            hn = rms(x, p + "ffn_norm.weight")
+            gate = linear(hn, p + "ffn_gate.weight")
+            act = g.op("Mul", [g.op("Mul", [gate, g.op("Sigmoid", [gate])]), linear(hn, p + "ffn_up.weight")])
+            x = g.op("Add", [x, linear(act, p + "ffn_down.weight")])
 
-    x = rms(x, "output_norm.weight")
-    head = weight("output.weight") if "output.weight" in tensors else embd  # tied embeddings
-    g.named("MatMul", [x, g.const("lm_head", np.ascontiguousarray(head.T))], "logits")
+        x = rms(x, "output_norm.weight")
+        # A tied head is the token embedding, written once, here.
+        head = "output.weight" if "output.weight" in tensors else "token_embd.weight"
+        linear(x, "lm_head", output="logits", source=head)
+    finally:
+        g.close()
 
-    say(f"converted {cfg.n_layer}/{cfg.n_layer} layers; writing the ONNX graph")
+    requantized = sorted(n for n, how in hows.items() if how.startswith("requantized"))
+    cfg = replace(cfg, quantization=describe_quantization(list(hows.values())), requantized=requantized)
+    say(f"converted {cfg.n_layer}/{cfg.n_layer} layers; weights: {cfg.quantization}")
     graph = helper.make_graph(g.nodes, f"{cfg.arch}-decoder", inputs, outputs, g.inits)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)],
                               producer_name="geniex-npu-convert")  # fmt: skip
     model.ir_version = 8
-    out_dir.mkdir(parents=True, exist_ok=True)
-    onnx.save_model(model, str(out_dir / GRAPH_FILE), save_as_external_data=True, all_tensors_to_one_file=True,
-                    location=WEIGHTS_FILE, size_threshold=1024)  # fmt: skip
+    (out_dir / GRAPH_FILE).write_bytes(model.SerializeToString())  # the weights are already in WEIGHTS_FILE
     (out_dir / CONFIG_FILE).write_text(json.dumps(asdict(cfg), indent=1))
     say(f"converted in {time.perf_counter() - t0:.1f}s")
     return cfg

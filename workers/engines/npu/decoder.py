@@ -9,6 +9,9 @@ Both attend over `past` = the context length: the whole KV buffer is passed ever
 additive mask hides the positions not written yet. The graph returns only the new tokens' K/V,
 which are written into the buffer here.
 
+The graph takes the tokens' embeddings (`inputs_embeds`), not their ids: TokenEmbeddings reads the
+rows from the GGUF's own table (memory-mapped), dequantizing only the rows a step needs.
+
 On QNN each shape is compiled once and kept as a context binary (an EPContext model) under the
 converted folder, so a later load skips the 10+ s graph finalisation.
 """
@@ -32,6 +35,27 @@ QNN = "QNNExecutionProvider"
 CPU = "CPUExecutionProvider"
 
 SessionFactory = Callable[[Path, dict[str, int], str], ort.InferenceSession]
+
+
+class TokenEmbeddings:
+    """The GGUF's token_embd.weight, memory-mapped: rows dequantized on demand as float32."""
+
+    def __init__(self, cfg: DecoderConfig) -> None:
+        from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+
+        self.qtype = GGMLQuantizationType(cfg.embd_type)
+        block, size = GGML_QUANT_SIZES[self.qtype]
+        self.n_embd = cfg.n_embd
+        row_bytes = cfg.n_embd // block * size
+        self.table = np.memmap(cfg.source, dtype=np.uint8, mode="r", offset=cfg.embd_offset,
+                               shape=(cfg.n_vocab, row_bytes))  # fmt: skip
+
+    def __call__(self, tokens: list[int]) -> np.ndarray:
+        """[len(tokens), n_embd] float32."""
+        from gguf import quants
+
+        rows = np.asarray(self.table[np.asarray(tokens, dtype=np.int64)])
+        return quants.dequantize(rows, self.qtype).astype(np.float32, copy=False).reshape(len(tokens), self.n_embd)
 
 
 def rope_tables(cfg: DecoderConfig, n_pos: int) -> tuple[np.ndarray, np.ndarray]:
@@ -59,6 +83,7 @@ class Decoder:
         self.values = [np.zeros(kv_shape, np.float32) for _ in range(cfg.n_layer)]
         self.cos, self.sin = rope_tables(cfg, n_ctx)
         self.n_past = 0
+        self.embed = TokenEmbeddings(cfg)
         graph = folder / GRAPH_FILE
         self.prefill_session = make_session(graph, self._dims(self.chunk), f"prefill{self.chunk}")
         self.decode_session = make_session(graph, self._dims(1), "decode")
@@ -95,15 +120,15 @@ class Decoder:
 
     def _run(self, session: ort.InferenceSession, tokens: list[int], seq: int) -> np.ndarray:
         n, pos, ctx = len(tokens), self.n_past, self.n_ctx
-        ids = np.zeros((1, seq), np.int64)
-        ids[0, :n] = tokens
+        embeds = np.zeros((1, seq, self.cfg.n_embd), np.float32)  # padding rows: zeros, masked and dropped
+        embeds[0, :n] = self.embed(tokens)
         mask = np.full((1, 1, seq, ctx + seq), MASKED, np.float32)
         mask[0, 0, :, :pos] = 0.0  # every row sees the filled past
         mask[0, 0, :, ctx:] = np.triu(np.full((seq, seq), MASKED, np.float32), k=1)  # causal among the new
         cos = np.zeros((1, 1, seq, self.cfg.head_dim), np.float32)
         sin = np.zeros_like(cos)
         cos[0, 0, :n], sin[0, 0, :n] = self.cos[pos : pos + n], self.sin[pos : pos + n]
-        feed: dict[str, np.ndarray] = {"input_ids": ids, "attn_mask": mask, "rope_cos": cos, "rope_sin": sin}
+        feed: dict[str, np.ndarray] = {"inputs_embeds": embeds, "attn_mask": mask, "rope_cos": cos, "rope_sin": sin}
         for i in range(self.cfg.n_layer):
             feed[f"past_key_{i}"] = self.keys[i]
             feed[f"past_value_{i}"] = self.values[i]

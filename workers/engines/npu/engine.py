@@ -221,7 +221,7 @@ class NpuChatEngine(VocabTokens):
         self._piece_buf = ctypes.create_string_buffer(256)
         self.load_seconds = time.perf_counter() - t0
         log.info("npu chat model loaded", folder=str(folder), compute=self.compute, n_ctx=self.n_ctx,
-                 nodes=self.provider_nodes, seconds=round(self.load_seconds, 2))  # fmt: skip
+                 nodes=self.provider_nodes, weights=self.cfg.quantization, seconds=round(self.load_seconds, 2))  # fmt: skip
 
     def _probe_providers(self, profile_dir: str | None) -> dict[str, int]:
         """Nodes per provider. With CPU fallback disabled onnxruntime has already refused anything
@@ -256,7 +256,8 @@ class NpuChatEngine(VocabTokens):
             model_bytes=(self.folder / WEIGHTS_FILE).stat().st_size,
             load_seconds=round(self.load_seconds, 3),
             chat_template=self.template.is_native,
-            description=f"{self.cfg.arch} ONNX decoder, {self.cfg.n_layer} layers; graph nodes per provider: {nodes}",
+            description=f"{self.cfg.arch} ONNX decoder, {self.cfg.n_layer} layers; graph nodes per provider: {nodes}; "
+            f"weights: {self.cfg.quantization}",
             provider=self.provider,
             tool_format=self.template.tool_format,
         )
