@@ -3,7 +3,7 @@
 The gateway (`geniex npu plan`, its memory estimate) and the NPU chat worker (which refuses, with the
 reason, before a compile that would run for minutes and then fail or swap the laptop) both read it.
 Arithmetic only, from the model's shape: the converter (workers/engines/npu/convert.py) writes each
-weight matrix at 4 bits (8 for what is 8-bit or Q6_K in the GGUF) in blocks of 32 with an fp16 scale,
+weight matrix at 4 bits (8 for what is 8-bit or Q6_K in the GGUF) in blocks of 32 with an fp32 scale,
 norms and biases in fp32, the token embedding stays on the host, and a tied head is stored once.
 
 The limits, from Qualcomm's and onnxruntime's documentation (not measured here: no Snapdragon):
@@ -23,10 +23,10 @@ from typing import NamedTuple
 import msgspec
 
 GB = 1_000_000_000
-# Bytes per weight as the converter writes them: 32 values in 16 (4-bit) or 32 (8-bit) bytes plus an
-# fp16 scale (GGUF's Q4_0 and Q8_0 blocks, repacked as they are).
-Q4_BYTES = 18 / 32
-Q8_BYTES = 34 / 32
+# Bytes per weight as the converter writes them (MatMulNBits): 32 values in 16 (4-bit) or 32 (8-bit)
+# bytes plus an fp32 scale (GGUF's Q4_0 and Q8_0 blocks, repacked).
+Q4_BYTES = 20 / 32
+Q8_BYTES = 36 / 32
 # A part's weights: under the 2 GB binary limit with room for the graph and its activations.
 PART_LIMIT = 1_500_000_000
 
