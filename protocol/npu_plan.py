@@ -164,7 +164,7 @@ def plan(shape: Shape, soc: Soc, nctx: int, *, shared_weights: bool) -> Plan:
     weights = sum(p.weight_bytes for p in parts)
     copies = 1 if shared_weights else 2
     process = weights * copies + shape.kv_bytes(nctx)
-    binary = max(p.weight_bytes for p in parts) * copies
+    binary = max(p.weight_bytes for p in parts)  # one part's weights, shared or not, in each binary
     why = ""
     if binary > soc.binary_limit:
         why = (f"a context binary would hold {binary / GB:.2f} GB, over the {soc.binary_limit / GB:.2f} GB a QNN "

@@ -14,8 +14,8 @@ from gateway.errors import GenieXError
 from gateway.models.cli import human_size
 from gateway.models.store import ModelStore
 from gateway.ops.settings import add_data_dir, default_data_dir
-from gateway.supervisor.memory import npu_shape
 from protocol import npu_plan
+from protocol.gguf_header import npu_shape
 
 
 def add_npu_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

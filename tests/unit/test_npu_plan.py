@@ -95,3 +95,15 @@ def test_the_soc_comes_from_the_setting_then_the_device_tree_then_a_stated_assum
     assert soc.name == "x-elite" and "qcom,x1e78100" in how
     soc, how = npu_plan.detect_soc({"GENIEX_QNN_SOC_MODEL": "banana"}, tmp_path / "none")
     assert soc.name == npu_plan.DEFAULT_SOC and "assumed" in how
+
+
+def test_the_npu_worker_refuses_what_cannot_fit_before_converting_anything(tmp_path: Path) -> None:
+    from workers.engines.npu.engine import NpuUnavailable, check_fits
+
+    assert check_fits(bundled_gguf(), 1024).fits
+    with pytest.raises(NpuUnavailable, match="GB of NPU memory"):
+        check_fits(str(_header_only_gguf(tmp_path / "8b.gguf", LLAMA_8B)), 1024)
+    (tmp_path / "cut.gguf").write_bytes(Path(bundled_gguf()).read_bytes()[:64])
+    with pytest.raises(NpuUnavailable, match="cut.gguf: the GGUF header cannot be read"):
+        check_fits(str(tmp_path / "cut.gguf"), 1024)
+    assert not list(tmp_path.glob("*/npu.json")), "nothing was converted"

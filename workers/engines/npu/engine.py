@@ -19,6 +19,7 @@ from __future__ import annotations
 import ctypes
 import os
 import shutil
+import struct
 import tempfile
 import time
 from collections import deque
@@ -31,6 +32,8 @@ import msgspec
 import numpy as np
 import structlog
 
+from protocol import npu_plan
+from protocol.gguf_header import npu_shape
 from protocol.npu_cache import NPU_DIR
 from protocol.wire import (
     PROTOCOL_VERSION,
@@ -71,6 +74,23 @@ NPU_MAX_CTX = 1024
 
 class NpuUnavailable(Exception):
     """The NPU cannot run this model here; the worker runs it on the CPU instead."""
+
+
+def check_fits(gguf_path: str, nctx: int) -> npu_plan.Plan:
+    """Refuse a model the NPU cannot hold before converting or compiling anything (a compile that
+    ran for minutes and then failed, or swapped the laptop, would be the alternative)."""
+    try:
+        shape = npu_shape(gguf_path)
+    except (OSError, ValueError, KeyError, struct.error) as exc:
+        raise NpuUnavailable(f"{gguf_path}: the GGUF header cannot be read ({exc})") from None
+    soc, how = npu_plan.detect_soc()
+    # Built on this machine, each context binary (prefill, decode) holds its own copy of the weights.
+    plan = npu_plan.plan(shape, soc, nctx, shared_weights=False)
+    log.info("npu plan", soc=soc.name, soc_from=how, parts=len(plan.parts), weights_mb=plan.weight_bytes >> 20,
+             npu_memory_mb=plan.process_bytes >> 20, fits=plan.fits)  # fmt: skip
+    if not plan.fits:
+        raise NpuUnavailable(plan.why_not)
+    return plan
 
 
 @dataclass
@@ -170,6 +190,7 @@ class NpuChatEngine(VocabTokens):
             devices, why = npu_devices()
             if why is not None:
                 raise NpuUnavailable(why)
+            check_fits(opts.model_path, min(opts.nctx or NPU_MAX_CTX, NPU_MAX_CTX))
         try:
             folder = cached_or_convert(opts.model_path, cache_dir(opts), progress=lambda m: log.info(m))
         except ConversionError as exc:

@@ -1,0 +1,113 @@
+"""A GGUF's header read as both sides need it: the gateway (memory estimates, the engine choice, the
+NPU plan) and the NPU chat worker (its plan before converting). A few dozen lines of `struct`
+instead of `gguf.GGUFReader`, which parses every tensor and the whole vocabulary with numpy and takes
+seconds on a large model."""
+
+from __future__ import annotations
+
+import os
+import struct
+
+from protocol.npu_plan import Shape
+
+_SCALAR = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
+_STRING, _ARRAY = 8, 9
+_WANTED = (".block_count", ".embedding_length", ".attention.head_count", ".attention.head_count_kv",
+           ".attention.key_length", ".attention.value_length", ".pooling_type", ".context_length",
+           ".feed_forward_length", ".vocab_size")  # fmt: skip
+ARCHITECTURE = "general.architecture"
+TOKENS = "tokenizer.ggml.tokens"
+# The head's GGML type, or the token embedding's when the head is tied to it (no output.weight).
+HEAD_TYPES = ("tensor.output.weight.type", "tensor.token_embd.weight.type")
+
+
+def read_gguf_numbers(path: str) -> dict[str, float | str]:
+    """The scalar metadata of a GGUF header whose key ends with one of `_WANTED`,
+    `general.architecture`, the vocabulary's size, and the head's type (HEAD_TYPES). ValueError (or
+    struct.error on a truncated file) for a file that is not a readable GGUF."""
+    out: dict[str, float | str] = {}
+    file_size = os.path.getsize(path)
+    with open(path, "rb") as f:
+        if f.read(4) != b"GGUF":
+            raise ValueError("not a GGUF file")
+        (version,) = struct.unpack("<I", f.read(4))
+        count_fmt = "<I" if version == 1 else "<Q"
+        size = struct.calcsize(count_fmt)
+        (n_tensors,) = struct.unpack(count_fmt, f.read(size))
+        (n_kv,) = struct.unpack(count_fmt, f.read(size))
+
+        def string() -> bytes:
+            (n,) = struct.unpack(count_fmt, f.read(size))
+            if n > file_size - f.tell():
+                raise ValueError("corrupt GGUF header: a string runs past the end of the file")
+            return f.read(n)
+
+        def skip(vtype: int) -> None:
+            if vtype == _STRING:
+                string()
+            elif vtype == _ARRAY:
+                (etype,) = struct.unpack("<I", f.read(4))
+                (n,) = struct.unpack(count_fmt, f.read(size))
+                if n > file_size - f.tell():
+                    raise ValueError("corrupt GGUF header: an array runs past the end of the file")
+                if etype in _SCALAR:
+                    f.seek(n * struct.calcsize(_SCALAR[etype]), 1)
+                else:
+                    for _ in range(n):
+                        skip(etype)
+            else:
+                f.seek(struct.calcsize(_SCALAR[vtype]), 1)
+
+        for _ in range(n_kv):
+            key = string().decode(errors="replace")
+            (vtype,) = struct.unpack("<I", f.read(4))
+            if vtype in _SCALAR and key.endswith(_WANTED):
+                (out[key],) = struct.unpack(_SCALAR[vtype], f.read(struct.calcsize(_SCALAR[vtype])))
+            elif vtype == _STRING and key == ARCHITECTURE:
+                out[key] = string().decode(errors="replace")
+            elif vtype == _ARRAY and key == TOKENS:  # its length is the vocabulary size (the NPU estimate)
+                here = f.tell()
+                f.read(4)  # element type
+                (out[TOKENS],) = struct.unpack(count_fmt, f.read(size))
+                f.seek(here)
+                skip(vtype)
+            else:
+                skip(vtype)
+        for _ in range(n_tensors):  # the head's type (the NPU plan: HEAD_TYPES)
+            name = string()
+            (n_dims,) = struct.unpack("<I", f.read(4))
+            f.seek(8 * n_dims, 1)
+            (ggml_type,) = struct.unpack("<I", f.read(4))
+            f.seek(8, 1)  # offset
+            if name in (b"output.weight", b"token_embd.weight"):
+                out[f"tensor.{name.decode()}.type"] = ggml_type
+    return out
+
+
+# GGML types the NPU converter keeps at 8 bits (Q8_0, Q8_1, Q6_K, Q8_K); every other matrix at 4.
+EIGHT_BIT_TYPES = frozenset({8, 9, 14, 15})
+
+
+def npu_shape(path: str) -> Shape:
+    """A decoder GGUF's shape for the NPU plan (protocol/npu_plan.py), from its header alone;
+    ValueError when the header lacks what the plan needs."""
+    meta = read_gguf_numbers(path)
+
+    def value(suffix: str, default: float | None = None) -> int:
+        found = next((v for k, v in meta.items() if k.endswith(suffix) and isinstance(v, int | float)), default)
+        if found is None:
+            raise ValueError(f"{path}: the GGUF header has no {suffix.lstrip('.')}")
+        return int(found)
+
+    n_embd, n_head = value(".embedding_length"), value(".attention.head_count")
+    head_type = next((meta[k] for k in HEAD_TYPES if k in meta), 0)
+    return Shape(
+        n_layer=value(".block_count"),
+        n_embd=n_embd,
+        n_head=n_head,
+        n_head_kv=value(".attention.head_count_kv", n_head),
+        head_dim=value(".attention.key_length", n_embd // max(1, n_head)),
+        n_ff=value(".feed_forward_length"),
+        n_vocab=value(".vocab_size", 0) or value(TOKENS),
+        head_bits=8 if head_type in EIGHT_BIT_TYPES else 4,
+    )
