@@ -60,7 +60,8 @@ def main() -> int:
     say(f"conversion {r['convert_s']:.1f}s = {r['convert_s'] / r['llama_load_s']:.0f}x llama.cpp's load "
         f"({r['llama_load_s']:.2f}s)")  # fmt: skip
     cfg = DecoderConfig.load(folder)
-    graph_bytes = sum(f.stat().st_size for f in folder.iterdir() if f.name.startswith("model.onnx"))
+    graph_bytes = sum((folder / f).stat().st_size for p in cfg.graph_parts() for f in (p.graph, p.weights))
+    r["parts"] = len(cfg.graph_parts())
     n_params = sum(int(t.n_elements) for t in GGUFReader(gguf).tensors)
     r["graph_mb"], r["graph_bytes_per_param"] = graph_bytes / 1e6, graph_bytes / n_params
     say(f"graph {r['graph_mb']:.1f} MB for {n_params / 1e6:.1f}M parameters: {r['graph_bytes_per_param']:.3f} "

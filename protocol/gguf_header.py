@@ -19,6 +19,9 @@ ARCHITECTURE = "general.architecture"
 TOKENS = "tokenizer.ggml.tokens"
 # The head's GGML type, or the token embedding's when the head is tied to it (no output.weight).
 HEAD_TYPES = ("tensor.output.weight.type", "tensor.token_embd.weight.type")
+LAYER_EIGHT_BIT = "tensors.blk.eight_bit_share"
+# GGML types the NPU converter keeps at 8 bits (Q8_0, Q8_1, Q6_K, Q8_K); every other matrix at 4.
+EIGHT_BIT_TYPES = frozenset({8, 9, 14, 15})
 
 
 def read_gguf_numbers(path: str) -> dict[str, float | str]:
@@ -73,19 +76,24 @@ def read_gguf_numbers(path: str) -> dict[str, float | str]:
                 skip(vtype)
             else:
                 skip(vtype)
-        for _ in range(n_tensors):  # the head's type (the NPU plan: HEAD_TYPES)
+        layer, eight_bit = 0, 0
+        for _ in range(n_tensors):  # the head's type and the layers' 8-bit share (the NPU plan)
             name = string()
             (n_dims,) = struct.unpack("<I", f.read(4))
-            f.seek(8 * n_dims, 1)
+            if n_dims > 8:
+                raise ValueError(f"corrupt GGUF header: a tensor with {n_dims} dimensions")
+            dims = struct.unpack(f"<{n_dims}Q", f.read(8 * n_dims))
             (ggml_type,) = struct.unpack("<I", f.read(4))
             f.seek(8, 1)  # offset
             if name in (b"output.weight", b"token_embd.weight"):
                 out[f"tensor.{name.decode()}.type"] = ggml_type
+            elif name.startswith(b"blk.") and n_dims == 2:
+                n = dims[0] * dims[1]
+                layer += n
+                eight_bit += n if ggml_type in EIGHT_BIT_TYPES else 0
+        if layer:
+            out[LAYER_EIGHT_BIT] = eight_bit / layer
     return out
-
-
-# GGML types the NPU converter keeps at 8 bits (Q8_0, Q8_1, Q6_K, Q8_K); every other matrix at 4.
-EIGHT_BIT_TYPES = frozenset({8, 9, 14, 15})
 
 
 def npu_shape(path: str) -> Shape:
@@ -110,4 +118,5 @@ def npu_shape(path: str) -> Shape:
         n_ff=value(".feed_forward_length"),
         n_vocab=value(".vocab_size", 0) or value(TOKENS),
         head_bits=8 if head_type in EIGHT_BIT_TYPES else 4,
+        layer_eight_bit=float(meta.get(LAYER_EIGHT_BIT, 0.0)),
     )

@@ -90,6 +90,7 @@ class Shape(msgspec.Struct, frozen=True):
     n_ff: int
     n_vocab: int
     head_bits: int = 4  # 8 where the GGUF's output matrix is 8-bit or Q6_K
+    layer_eight_bit: float = 0.0  # the share of the layers' weights kept at 8 bits (8-bit or Q6_K in the GGUF)
 
     @property
     def layer_params(self) -> int:
@@ -103,7 +104,8 @@ class Shape(msgspec.Struct, frozen=True):
         return self.n_layer * self.layer_params + self.n_vocab * self.n_embd
 
     def layer_bytes(self) -> int:
-        return int(self.layer_params * Q4_BYTES) + 2 * 4 * self.n_embd  # two RMSNorm weights in fp32
+        rate = self.layer_eight_bit * Q8_BYTES + (1 - self.layer_eight_bit) * Q4_BYTES
+        return int(self.layer_params * rate) + 2 * 4 * self.n_embd  # two RMSNorm weights in fp32
 
     def head_bytes(self) -> int:
         return int(self.n_vocab * self.n_embd * (Q8_BYTES if self.head_bits == 8 else Q4_BYTES)) + 4 * self.n_embd

@@ -62,3 +62,64 @@ def converted_copy(ftype: str, tmp_path_factory: pytest.TempPathFactory) -> tupl
         convert(gguf, folder)
         _converted_copies[ftype] = folder
     return gguf, _converted_copies[ftype]
+
+
+def llama_shaped_gguf(path: Path, *, n_layer: int = 16, n_embd: int = 2048, n_head: int = 32, n_head_kv: int = 8,
+                      n_ff: int = 8192, n_vocab: int = 49152, seed: int = 0) -> str:  # fmt: skip
+    """A llama GGUF of random weights, Llama-3.2-1B's shape by default (its vocabulary cut from
+    128256 to 49152 rows): every matrix Q4_0, the token embedding (tied to the head) Q8_0, as
+    llama.cpp's Q4_0 files keep the head at 6-8 bits; random block bytes with valid fp16 scales,
+    streamed to the file a tensor at a time. No tokenizer (the converter reads none): `llama.vocab_size`
+    says the vocabulary's size."""
+    import gguf
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    head_dim = n_embd // n_head
+    kv = n_head_kv * head_dim
+    q4, q8, f32 = gguf.GGMLQuantizationType.Q4_0, gguf.GGMLQuantizationType.Q8_0, gguf.GGMLQuantizationType.F32
+    tensors: list[tuple[str, int, int, gguf.GGMLQuantizationType]] = [("token_embd.weight", n_vocab, n_embd, q8)]
+    for i in range(n_layer):
+        p = f"blk.{i}."
+        tensors += [(p + "attn_norm.weight", 1, n_embd, f32), (p + "attn_q.weight", n_embd, n_embd, q4),
+                    (p + "attn_k.weight", kv, n_embd, q4), (p + "attn_v.weight", kv, n_embd, q4),
+                    (p + "attn_output.weight", n_embd, n_embd, q4), (p + "ffn_norm.weight", 1, n_embd, f32),
+                    (p + "ffn_gate.weight", n_ff, n_embd, q4), (p + "ffn_up.weight", n_ff, n_embd, q4),
+                    (p + "ffn_down.weight", n_embd, n_ff, q4)]  # fmt: skip
+    tensors += [("output_norm.weight", 1, n_embd, f32), ("rope_freqs.weight", 1, head_dim // 2, f32)]
+
+    def data(rows: int, cols: int, qtype: gguf.GGMLQuantizationType) -> np.ndarray:
+        if qtype == f32:
+            return (1.0 + 0.1 * rng.standard_normal(cols)).astype(np.float32)
+        block, size = gguf.GGML_QUANT_SIZES[qtype]
+        blocks = rng.integers(0, 256, (rows, cols // block, size), dtype=np.uint8)
+        scales = rng.uniform(0.002, 0.02, (rows, cols // block)).astype(np.float16)
+        blocks[:, :, :2] = scales.view(np.uint8).reshape(rows, cols // block, 2)
+        return blocks.reshape(rows, -1)
+
+    w = gguf.GGUFWriter(str(path), "llama")
+    w.add_block_count(n_layer)
+    w.add_context_length(131072)
+    w.add_embedding_length(n_embd)
+    w.add_feed_forward_length(n_ff)
+    w.add_head_count(n_head)
+    w.add_head_count_kv(n_head_kv)
+    w.add_rope_dimension_count(head_dim)
+    w.add_rope_freq_base(500000.0)
+    w.add_layer_norm_rms_eps(1e-5)
+    w.add_vocab_size(n_vocab)  # the gateway's plan reads it (no token list here)
+    for name, rows, cols, qtype in tensors:
+        if qtype == f32:
+            w.add_tensor_info(name, (cols,), np.dtype(np.float32), 4 * cols)
+        else:
+            block, size = gguf.GGML_QUANT_SIZES[qtype]
+            w.add_tensor_info(
+                name, (rows, cols // block * size), np.dtype(np.uint8), rows * cols // block * size, qtype
+            )
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_ti_data_to_file()
+    for _name, rows, cols, qtype in tensors:
+        w.write_tensor_data(data(rows, cols, qtype))
+    w.close()
+    return str(path)

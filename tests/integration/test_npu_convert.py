@@ -234,3 +234,18 @@ def test_a_qwen2_model_converts_exactly(tmp_path: Path, tmp_path_factory: pytest
     got = [dec.prefill(tokens[:5])] + [dec.decode(t) for t in tokens[5:]]
     diff = max(float(np.abs(g - r).max()) for g, r in zip(got, ref[4:], strict=True))
     assert diff < 1e-3 * float(np.abs(ref).max()), (diff, float(np.abs(ref).max()))
+
+
+@pytest.mark.parametrize("ftype", ["q4_0", "q8_0"])
+def test_the_plan_counts_what_the_converter_writes(ftype: str, tmp_path_factory: pytest.TempPathFactory) -> None:
+    """The plan is made from the header alone (the gateway's `geniex npu plan`), and is within 1% of
+    the weights the converter writes, 8-bit layers included."""
+    from protocol.gguf_header import npu_shape
+    from protocol.npu_plan import split
+
+    gguf, folder = converted_copy(ftype, tmp_path_factory)
+    cfg = DecoderConfig.load(folder)
+    assert cfg.shape() == npu_shape(gguf)
+    planned = sum(p.weight_bytes for p in split(npu_shape(gguf)))
+    written = sum((folder / p.weights).stat().st_size for p in cfg.graph_parts())
+    assert abs(written - planned) <= 0.01 * planned, (ftype, written, planned)

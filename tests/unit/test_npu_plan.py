@@ -104,6 +104,6 @@ def test_the_npu_worker_refuses_what_cannot_fit_before_converting_anything(tmp_p
     with pytest.raises(NpuUnavailable, match="GB of NPU memory"):
         check_fits(str(_header_only_gguf(tmp_path / "8b.gguf", LLAMA_8B)), 1024)
     (tmp_path / "cut.gguf").write_bytes(Path(bundled_gguf()).read_bytes()[:64])
-    with pytest.raises(NpuUnavailable, match="cut.gguf: the GGUF header cannot be read"):
+    with pytest.raises(NpuUnavailable, match=r"cut\.gguf: the GGUF header cannot be read"):
         check_fits(str(tmp_path / "cut.gguf"), 1024)
     assert not list(tmp_path.glob("*/npu.json")), "nothing was converted"

@@ -18,8 +18,16 @@ Q4_0 and Q8_0 tensors are repacked bit for bit (bits=4 / bits=8, a fp32 scale pe
 default zero point, 8 / 128), so the graph computes with exactly the GGUF's weights; any other type
 is dequantized and quantized as ggml's Q4_0 does (Q8_0 for the 6- and 8-bit types), and npu.json
 says which (`quantization`). A tied output head is the token embedding stored once, as the head.
-Only norms and biases stay float. Initializers are appended to model.onnx.data one tensor at a
+Only norms and biases stay float. Initializers are appended to the weights file one tensor at a
 time, so converting holds about one tensor in memory.
+
+Parts: a QNN context binary holds at most 2 GB, so the layers go in chained graphs of at most
+npu_plan.PART_LIMIT (1.5 GB) of weights each, where npu_plan.split (the plan the gateway shows,
+from the same Shape) puts them. One part is `model.onnx` (+ `model.onnx.data`) as above; several
+are `part0.onnx`, `part1.onnx`, ... (each + `.data`): part 0 takes `inputs_embeds`, part k the
+previous part's `hidden_out` as `hidden` [1, seq, n_embd]; each takes the mask, the RoPE tables and
+its own layers' past K/V and gives its layers' present K/V; the last part (or a part of its own
+after it) holds the final norm and the head and gives `logits`. npu.json's `parts` lists them.
 
 Exactness details: GGUF stores each head's Q/K rows in the interleaved order llama.cpp's RoPE
 wants; they are put back in the half-split order here, so a plain rotate-half RoPE is exact. The
@@ -38,17 +46,20 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from protocol.npu_cache import CONFIG_FILE, remove_stale
+from protocol.npu_plan import PART_LIMIT, Shape, split
 
-CONVERTER_VERSION = 2  # 2: MatMulNBits weights, host-side embedding lookup (inputs_embeds)
-GRAPH_FILE = "model.onnx"
-WEIGHTS_FILE = "model.onnx.data"
+# 2: MatMulNBits weights, host-side embedding lookup (inputs_embeds)
+# 3: the layers in chained parts of at most npu_plan.PART_LIMIT of weights (npu.json `parts`)
+CONVERTER_VERSION = 3
+GRAPH_FILE = "model.onnx"  # a model in one part; in several: part0.onnx, part1.onnx, ...
+WEIGHTS_FILE = "model.onnx.data"  # each graph's weights: its file name + ".data"
 # Architectures whose GGUF tensors this converter maps; others stay on llama.cpp.
 SUPPORTED_ARCHS = ("llama", "qwen2")
 # llama.cpp's converter interleaves these architectures' Q/K rows for its "normal" RoPE; the others
@@ -61,6 +72,33 @@ INLINE_BYTES = 1024  # initializers smaller than this stay inside the protobuf
 
 class ConversionError(Exception):
     """The GGUF cannot become an NPU graph (unsupported architecture or tensor layout)."""
+
+
+@dataclass(frozen=True)
+class GraphPart:
+    """One graph of the chain: layers [first_layer, end_layer), then the final norm and the head
+    when `head`. It takes `input` (the first part: `inputs_embeds`, the others: `hidden`, the
+    previous part's `output`) and gives `output` (`hidden_out`, or `logits` for the head's part)."""
+
+    graph: str  # file names in the converted folder
+    weights: str
+    first_layer: int
+    end_layer: int  # exclusive
+    head: bool
+    input: str = "inputs_embeds"
+    output: str = "logits"
+    weight_bytes: int = 0  # its weights file, as written
+    planned_bytes: int = 0  # npu_plan.split's figure for it
+
+    @property
+    def layers(self) -> range:
+        return range(self.first_layer, self.end_layer)
+
+
+def part_files(index: int, count: int) -> tuple[str, str]:
+    """(graph, weights) file names of part `index` of `count`: model.onnx alone, else partK.onnx."""
+    graph = GRAPH_FILE if count == 1 else f"part{index}.onnx"
+    return graph, graph + ".data"
 
 
 @dataclass(frozen=True)
@@ -87,10 +125,26 @@ class DecoderConfig:
     # How the weights reached the graph, e.g. "q4_0 exact (210 tensors), requantized q4_1→4-bit (1)".
     quantization: str = ""
     requantized: list[str] | None = None  # the tensors quantized again (not repacked as they were)
+    n_ff: int = 0
+    head_bits: int = 4  # 8 where the head is written as 8-bit blocks
+    layer_eight_bit: float = 0.0  # the share of the layers' matrix weights written as 8-bit blocks
+    # The chained graphs, in order (npu_plan.split of shape()); empty: model.onnx alone.
+    parts: list[GraphPart] = field(default_factory=list)
 
     @classmethod
     def load(cls, folder: Path) -> DecoderConfig:
-        return cls(**json.loads((folder / CONFIG_FILE).read_text()))
+        data = json.loads((folder / CONFIG_FILE).read_text())
+        data["parts"] = [GraphPart(**p) for p in data.get("parts") or []]
+        return cls(**data)
+
+    def shape(self) -> Shape:
+        """The model as the NPU plan (protocol/npu_plan.py) sees it: the converter splits by it."""
+        return Shape(n_layer=self.n_layer, n_embd=self.n_embd, n_head=self.n_head, n_head_kv=self.n_head_kv,
+                     head_dim=self.head_dim, n_ff=self.n_ff, n_vocab=self.n_vocab, head_bits=self.head_bits,
+                     layer_eight_bit=self.layer_eight_bit)  # fmt: skip
+
+    def graph_parts(self) -> list[GraphPart]:
+        return self.parts or [GraphPart(GRAPH_FILE, WEIGHTS_FILE, 0, self.n_layer, True)]
 
 
 def cache_key(gguf_path: str) -> str:
@@ -163,6 +217,12 @@ def read_config(reader: Any, source: str) -> DecoderConfig:
     scale = float(_field(reader, f"{arch}.rope.scaling.factor", 1.0)) if scaling == "linear" else 1.0
     embd = next(t for t in reader.tensors if t.name == "token_embd.weight")
     factors = next((t for t in reader.tensors if t.name == "rope_freqs.weight"), None)
+    head = next((t for t in reader.tensors if t.name == "output.weight"), embd)
+    gate = next((t for t in reader.tensors if t.name == "blk.0.ffn_gate.weight"), None)
+    n_ff = int(gate.shape[1]) if gate is not None else int(_field(reader, f"{arch}.feed_forward_length", 0))
+    matrices = [t for t in reader.tensors if t.name.startswith("blk.") and len(t.shape) == 2]
+    n_matrix = sum(int(t.n_elements) for t in matrices)
+    n_eight = sum(int(t.n_elements) for t in matrices if head_bits(t.tensor_type) == 8)
     return DecoderConfig(
         arch=arch,
         n_layer=int(_field(reader, f"{arch}.block_count")),
@@ -179,7 +239,18 @@ def read_config(reader: Any, source: str) -> DecoderConfig:
         source=str(Path(source).resolve()),
         embd_type=int(embd.tensor_type),
         embd_offset=int(embd.data_offset),
+        n_ff=n_ff,
+        head_bits=head_bits(head.tensor_type),
+        layer_eight_bit=n_eight / n_matrix if n_matrix else 0.0,
     )
+
+
+def head_bits(tensor_type: int) -> int:
+    """The bits weight_blocks() writes a matrix of this GGML type at (float widths aside)."""
+    from gguf import GGMLQuantizationType
+
+    qtype = GGMLQuantizationType(tensor_type)
+    return 8 if qtype == GGMLQuantizationType.Q8_0 or qtype.name in EIGHT_BIT_TYPES else 4
 
 
 def _dequant(tensor: Any) -> np.ndarray:
@@ -363,8 +434,11 @@ def describe_quantization(hows: list[str]) -> str:
     return ", ".join(parts)
 
 
-def convert(gguf_path: str, out_dir: Path, progress: Callable[[str], None] | None = None) -> DecoderConfig:
-    """Write model.onnx (+ its external weights) and npu.json for the GGUF into `out_dir`."""
+def convert(gguf_path: str, out_dir: Path, progress: Callable[[str], None] | None = None,
+            part_limit: int = PART_LIMIT) -> DecoderConfig:  # fmt: skip
+    """Write the graph(s) (each with its external weights) and npu.json for the GGUF into `out_dir`:
+    model.onnx, or part0.onnx, part1.onnx, ... where npu_plan.split puts the layers in several
+    parts of at most `part_limit` bytes of weights each."""
     from dataclasses import replace
 
     from gguf import GGUFReader
@@ -385,109 +459,129 @@ def convert(gguf_path: str, out_dir: Path, progress: Callable[[str], None] | Non
         return _dequant(tensor(name))
 
     out_dir.mkdir(parents=True, exist_ok=True)
-    g = _Graph(out_dir / WEIGHTS_FILE)
     hows: dict[str, str] = {}
     d, h, hkv, group = cfg.head_dim, cfg.n_head, cfg.n_head_kv, cfg.n_head // cfg.n_head_kv
     f32 = TensorProto.FLOAT
-    inputs = [
-        helper.make_tensor_value_info("inputs_embeds", f32, [1, "seq", cfg.n_embd]),
-        helper.make_tensor_value_info("attn_mask", f32, [1, 1, "seq", "total"]),
-        helper.make_tensor_value_info("rope_cos", f32, [1, 1, "seq", d]),
-        helper.make_tensor_value_info("rope_sin", f32, [1, 1, "seq", d]),
-    ]
-    outputs = [helper.make_tensor_value_info("logits", f32, [1, "seq", cfg.n_vocab])]
-
-    x = "inputs_embeds"  # [1, seq, n_embd]
+    scale = 1.0 / float(np.sqrt(d))
     # rotate_half(v) = v @ R: [-v2, v1] for the halves v1, v2 (a matmul by 0/±1 is exact).
     rot = np.zeros((d, d), dtype=np.float32)
     half = d // 2
     rot[half:, :half] = -np.eye(half, dtype=np.float32)
     rot[:half, half:] = np.eye(half, dtype=np.float32)
-    rot_c = g.const("rope_rotate_half", rot)
-    mask = g.op("Tile", ["attn_mask", g.const("mask_repeats", np.array([1, 1, group, 1], np.int64))])
-    shape_heads = g.const("shape_heads", np.array([0, 0, h, d], np.int64))
-    shape_kv_heads = g.const("shape_kv_heads", np.array([0, 0, hkv, d], np.int64))
-    shape_grouped = g.const("shape_grouped", np.array([1, hkv, -1, d], np.int64))
-    shape_ungrouped = g.const("shape_ungrouped", np.array([1, h, -1, d], np.int64))
-    shape_flat = g.const("shape_flat", np.array([0, 0, h * d], np.int64))
-    scale = 1.0 / float(np.sqrt(d))
-
-    def rms(v: str, name: str) -> str:
-        return g.op("SimplifiedLayerNormalization", [v, g.const(name, weight(name))], axis=-1, epsilon=cfg.rms_eps,
-                    stash_type=1)  # fmt: skip
-
-    def linear(v: str, name: str, transform: Callable[[np.ndarray], np.ndarray] | None = None, factor: float = 1.0,
-               output: str | None = None, source: str | None = None) -> str:  # fmt: skip
-        blocks = weight_blocks(tensor(source or name), transform, factor)
-        hows[source or name] = blocks[3]
-        return g.matmul(v, name, blocks, output)
-
-    def projection(v: str, name: str, rope_heads: int, factor: float) -> str:
-        """Q, K or V with its optional bias (qwen2 has them): rows put in rotate-half order for
-        `rope_heads` heads, and scaled by `factor` (the attention scale, for Q)."""
-        b = weight(name + ".bias").reshape(-1, 1) if name + ".bias" in tensors else None
-        transform = None
-        if rope_heads and cfg.arch in INTERLEAVED_ROPE_ARCHS:
-            transform = lambda rows: unpermute_rope_rows(rows, rope_heads)  # noqa: E731
-            b = unpermute_rope_rows(b, rope_heads) if b is not None else None
-        out = linear(v, name + ".weight", transform, factor)
-        if b is None:
-            return out
-        return g.op("Add", [out, g.const(name + ".bias", (b.ravel() * np.float32(factor)).astype(np.float32))])
-
-    def rope(v: str) -> str:  # v: [1, heads, seq, d]
-        rotated = g.op("MatMul", [v, rot_c])
-        return g.op("Add", [g.op("Mul", [v, "rope_cos"]), g.op("Mul", [rotated, "rope_sin"])])
-
-    say(f"converting {Path(gguf_path).name} ({cfg.arch}, {cfg.n_layer} layers) to an ONNX graph for the NPU")
     every = max(1, cfg.n_layer // 4)  # a progress line per quarter, not per layer
-    try:
-        for i in range(cfg.n_layer):
-            if (i + 1) % every == 0 and i + 1 < cfg.n_layer:
-                say(f"converted {i + 1}/{cfg.n_layer} layers")
-            p = f"blk.{i}."
-            past_k, past_v = f"past_key_{i}", f"past_value_{i}"
-            inputs += [helper.make_tensor_value_info(n, f32, [1, hkv, "past", d]) for n in (past_k, past_v)]
-            outputs += [helper.make_tensor_value_info(n, f32, [1, hkv, "seq", d]) for n in (f"present_key_{i}",
-                                                                                             f"present_value_{i}")]  # fmt: skip
-            hn = rms(x, p + "attn_norm.weight")
-            q = g.op("Transpose", [g.op("Reshape", [projection(hn, p + "attn_q", h, scale), shape_heads])],
-                     perm=[0, 2, 1, 3])  # fmt: skip
-            k = g.op("Transpose", [g.op("Reshape", [projection(hn, p + "attn_k", hkv, 1.0), shape_kv_heads])],
-                     perm=[0, 2, 1, 3])  # fmt: skip
-            v = g.op("Transpose", [g.op("Reshape", [projection(hn, p + "attn_v", 0, 1.0), shape_kv_heads])],
-                     perm=[0, 2, 1, 3])  # fmt: skip
-            q = rope(q)
-            k = g.named("Identity", [rope(k)], f"present_key_{i}")
-            v = g.named("Identity", [v], f"present_value_{i}")
-            keys = g.op("Concat", [past_k, k], axis=2)  # [1, hkv, total, d]
-            values = g.op("Concat", [past_v, v], axis=2)
-            qg = g.op("Reshape", [q, shape_grouped])  # [1, hkv, group*seq, d]
-            scores = g.op("MatMul", [qg, g.op("Transpose", [keys], perm=[0, 1, 3, 2])])  # [1, hkv, group*seq, total]
-            probs = g.op("Softmax", [g.op("Add", [scores, mask])], axis=-1)
-            ctx = g.op("Reshape", [g.op("MatMul", [probs, values]), shape_ungrouped])  # [1, h, seq, d]
-            ctx = g.op("Reshape", [g.op("Transpose", [ctx], perm=[0, 2, 1, 3]), shape_flat])  # [1, seq, h*d]
-            x = g.op("Add", [x, linear(ctx, p + "attn_output.weight")])
-            hn = rms(x, p + "ffn_norm.weight")
-            gate = linear(hn, p + "ffn_gate.weight")
-            act = g.op("Mul", [g.op("Mul", [gate, g.op("Sigmoid", [gate])]), linear(hn, p + "ffn_up.weight")])
-            x = g.op("Add", [x, linear(act, p + "ffn_down.weight")])
 
-        x = rms(x, "output_norm.weight")
-        # A tied head is the token embedding, written once, here.
-        head = "output.weight" if "output.weight" in tensors else "token_embd.weight"
-        linear(x, "lm_head", output="logits", source=head)
-    finally:
-        g.close()
+    def write_part(index: int, count: int, planned: Any) -> GraphPart:
+        """One graph of the chain: its layers, and the final norm and head when it holds them."""
+        graph_file, weights_file = part_files(index, count)
+        part = GraphPart(graph_file, weights_file, planned.first_layer, planned.end_layer, planned.head,
+                         input="inputs_embeds" if index == 0 else "hidden",
+                         output="logits" if planned.head else "hidden_out", planned_bytes=planned.weight_bytes)  # fmt: skip
+        g = _Graph(out_dir / weights_file)
+        inputs = [helper.make_tensor_value_info(part.input, f32, [1, "seq", cfg.n_embd])]
+        outputs = [
+            helper.make_tensor_value_info(part.output, f32, [1, "seq", cfg.n_vocab if part.head else cfg.n_embd])
+        ]
 
+        def rms(v: str, name: str) -> str:
+            return g.op("SimplifiedLayerNormalization", [v, g.const(name, weight(name))], axis=-1,
+                        epsilon=cfg.rms_eps, stash_type=1)  # fmt: skip
+
+        def linear(v: str, name: str, transform: Callable[[np.ndarray], np.ndarray] | None = None,
+                   factor: float = 1.0, output: str | None = None, source: str | None = None) -> str:  # fmt: skip
+            blocks = weight_blocks(tensor(source or name), transform, factor)
+            hows[source or name] = blocks[3]
+            return g.matmul(v, name, blocks, output)
+
+        def projection(v: str, name: str, rope_heads: int, factor: float) -> str:
+            """Q, K or V with its optional bias (qwen2 has them): rows put in rotate-half order for
+            `rope_heads` heads, and scaled by `factor` (the attention scale, for Q)."""
+            b = weight(name + ".bias").reshape(-1, 1) if name + ".bias" in tensors else None
+            transform = None
+            if rope_heads and cfg.arch in INTERLEAVED_ROPE_ARCHS:
+                transform = lambda rows: unpermute_rope_rows(rows, rope_heads)  # noqa: E731
+                b = unpermute_rope_rows(b, rope_heads) if b is not None else None
+            out = linear(v, name + ".weight", transform, factor)
+            if b is None:
+                return out
+            return g.op("Add", [out, g.const(name + ".bias", (b.ravel() * np.float32(factor)).astype(np.float32))])
+
+        x = part.input  # [1, seq, n_embd]
+        try:
+            if part.layers:
+                inputs += [
+                    helper.make_tensor_value_info("attn_mask", f32, [1, 1, "seq", "total"]),
+                    helper.make_tensor_value_info("rope_cos", f32, [1, 1, "seq", d]),
+                    helper.make_tensor_value_info("rope_sin", f32, [1, 1, "seq", d]),
+                ]
+                rot_c = g.const("rope_rotate_half", rot)
+                mask = g.op("Tile", ["attn_mask", g.const("mask_repeats", np.array([1, 1, group, 1], np.int64))])
+                shape_heads = g.const("shape_heads", np.array([0, 0, h, d], np.int64))
+                shape_kv_heads = g.const("shape_kv_heads", np.array([0, 0, hkv, d], np.int64))
+                shape_grouped = g.const("shape_grouped", np.array([1, hkv, -1, d], np.int64))
+                shape_ungrouped = g.const("shape_ungrouped", np.array([1, h, -1, d], np.int64))
+                shape_flat = g.const("shape_flat", np.array([0, 0, h * d], np.int64))
+
+            def rope(v: str) -> str:  # v: [1, heads, seq, d]
+                rotated = g.op("MatMul", [v, rot_c])
+                return g.op("Add", [g.op("Mul", [v, "rope_cos"]), g.op("Mul", [rotated, "rope_sin"])])
+
+            for i in part.layers:
+                if (i + 1) % every == 0 and i + 1 < cfg.n_layer:
+                    say(f"converted {i + 1}/{cfg.n_layer} layers")
+                p = f"blk.{i}."
+                past_k, past_v = f"past_key_{i}", f"past_value_{i}"
+                inputs += [helper.make_tensor_value_info(n, f32, [1, hkv, "past", d]) for n in (past_k, past_v)]
+                outputs += [helper.make_tensor_value_info(n, f32, [1, hkv, "seq", d])
+                            for n in (f"present_key_{i}", f"present_value_{i}")]  # fmt: skip
+                hn = rms(x, p + "attn_norm.weight")
+                q = g.op("Transpose", [g.op("Reshape", [projection(hn, p + "attn_q", h, scale), shape_heads])],
+                         perm=[0, 2, 1, 3])  # fmt: skip
+                k = g.op("Transpose", [g.op("Reshape", [projection(hn, p + "attn_k", hkv, 1.0), shape_kv_heads])],
+                         perm=[0, 2, 1, 3])  # fmt: skip
+                v = g.op("Transpose", [g.op("Reshape", [projection(hn, p + "attn_v", 0, 1.0), shape_kv_heads])],
+                         perm=[0, 2, 1, 3])  # fmt: skip
+                q = rope(q)
+                k = g.named("Identity", [rope(k)], f"present_key_{i}")
+                v = g.named("Identity", [v], f"present_value_{i}")
+                keys = g.op("Concat", [past_k, k], axis=2)  # [1, hkv, total, d]
+                values = g.op("Concat", [past_v, v], axis=2)
+                qg = g.op("Reshape", [q, shape_grouped])  # [1, hkv, group*seq, d]
+                scores = g.op(
+                    "MatMul", [qg, g.op("Transpose", [keys], perm=[0, 1, 3, 2])]
+                )  # [1, hkv, group*seq, total]
+                probs = g.op("Softmax", [g.op("Add", [scores, mask])], axis=-1)
+                ctx = g.op("Reshape", [g.op("MatMul", [probs, values]), shape_ungrouped])  # [1, h, seq, d]
+                ctx = g.op("Reshape", [g.op("Transpose", [ctx], perm=[0, 2, 1, 3]), shape_flat])  # [1, seq, h*d]
+                x = g.op("Add", [x, linear(ctx, p + "attn_output.weight")])
+                hn = rms(x, p + "ffn_norm.weight")
+                gate = linear(hn, p + "ffn_gate.weight")
+                act = g.op("Mul", [g.op("Mul", [gate, g.op("Sigmoid", [gate])]), linear(hn, p + "ffn_up.weight")])
+                x = g.op("Add", [x, linear(act, p + "ffn_down.weight")])
+
+            if part.head:
+                x = rms(x, "output_norm.weight")
+                # A tied head is the token embedding, written once, here.
+                head = "output.weight" if "output.weight" in tensors else "token_embd.weight"
+                linear(x, "lm_head", output="logits", source=head)
+            else:
+                g.named("Identity", [x], part.output)
+        finally:
+            g.close()
+        graph = helper.make_graph(g.nodes, f"{cfg.arch}-decoder-part{index}", inputs, outputs, g.inits)
+        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17),
+                                                        helper.make_opsetid("com.microsoft", 1)],
+                                  producer_name="geniex-npu-convert")  # fmt: skip
+        model.ir_version = 8
+        (out_dir / graph_file).write_bytes(model.SerializeToString())  # the weights are already in weights_file
+        return replace(part, weight_bytes=(out_dir / weights_file).stat().st_size)
+
+    plan = split(cfg.shape(), part_limit)
+    say(f"converting {Path(gguf_path).name} ({cfg.arch}, {cfg.n_layer} layers) to an ONNX graph for the NPU"
+        + (f" in {len(plan)} parts" if len(plan) > 1 else ""))  # fmt: skip
+    parts = [write_part(i, len(plan), planned) for i, planned in enumerate(plan)]
     requantized = sorted(n for n, how in hows.items() if how.startswith("requantized"))
-    cfg = replace(cfg, quantization=describe_quantization(list(hows.values())), requantized=requantized)
+    cfg = replace(cfg, quantization=describe_quantization(list(hows.values())), requantized=requantized, parts=parts)
     say(f"converted {cfg.n_layer}/{cfg.n_layer} layers; weights: {cfg.quantization}")
-    graph = helper.make_graph(g.nodes, f"{cfg.arch}-decoder", inputs, outputs, g.inits)
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)],
-                              producer_name="geniex-npu-convert")  # fmt: skip
-    model.ir_version = 8
-    (out_dir / GRAPH_FILE).write_bytes(model.SerializeToString())  # the weights are already in WEIGHTS_FILE
     (out_dir / CONFIG_FILE).write_text(json.dumps(asdict(cfg), indent=1))
     say(f"converted in {time.perf_counter() - t0:.1f}s")
     return cfg
@@ -500,8 +594,9 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m workers.engines.npu.convert")
     p.add_argument("gguf")
     p.add_argument("out_dir")
+    p.add_argument("--part-limit", type=int, default=PART_LIMIT, help="bytes of weights per graph at most")
     args = p.parse_args(argv)
-    convert(args.gguf, Path(args.out_dir), progress=print)
+    convert(args.gguf, Path(args.out_dir), progress=print, part_limit=args.part_limit)
     return 0
 
 

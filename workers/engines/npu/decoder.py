@@ -12,8 +12,13 @@ which are written into the buffer here.
 The graph takes the tokens' embeddings (`inputs_embeds`), not their ids: TokenEmbeddings reads the
 rows from the GGUF's own table (memory-mapped), dequantizing only the rows a step needs.
 
-On QNN each shape is compiled once and kept as a context binary (an EPContext model) under the
-converted folder, so a later load skips the 10+ s graph finalisation.
+A model converted in several parts (npu.json `parts`: each graph at most npu_plan.PART_LIMIT of
+weights) runs them in sequence every step, each part's hidden state into the next, each writing
+its own layers' K/V into the buffer; a session per (part, shape).
+
+On QNN each shape of each part is compiled once and kept as a context binary (an EPContext model)
+under the converted folder, named after the part's graph, so a later load skips the 10+ s graph
+finalisation.
 """
 
 from __future__ import annotations
@@ -28,7 +33,7 @@ from typing import Any
 import numpy as np
 import onnxruntime as ort
 
-from workers.engines.npu.convert import GRAPH_FILE, MASKED, DecoderConfig
+from workers.engines.npu.convert import MASKED, DecoderConfig
 
 CHUNK = 32  # prompt tokens per prefill pass
 QNN = "QNNExecutionProvider"
@@ -84,10 +89,27 @@ class Decoder:
         self.cos, self.sin = rope_tables(cfg, n_ctx)
         self.n_past = 0
         self.embed = TokenEmbeddings(cfg)
-        graph = folder / GRAPH_FILE
-        self.prefill_session = make_session(graph, self._dims(self.chunk), f"prefill{self.chunk}")
-        self.decode_session = make_session(graph, self._dims(1), "decode")
-        self.outputs = ["logits"] + [f"present_{kind}_{i}" for i in range(cfg.n_layer) for kind in ("key", "value")]
+        self.parts = cfg.graph_parts()
+
+        def label(kind: str, k: int) -> str:
+            return kind if len(self.parts) == 1 else f"{kind} part{k}"
+
+        # A session per (part, shape): the parts' prefill sessions, then their decode sessions.
+        self.prefill_sessions = [make_session(folder / part.graph, self._dims(self.chunk),
+                                              label(f"prefill{self.chunk}", k)) for k, part in enumerate(self.parts)]  # fmt: skip
+        self.decode_sessions = [make_session(folder / part.graph, self._dims(1), label("decode", k))
+                                for k, part in enumerate(self.parts)]  # fmt: skip
+        self.outputs = [[part.output] + [f"present_{kind}_{i}" for i in part.layers for kind in ("key", "value")]
+                        for part in self.parts]  # fmt: skip
+
+    @property
+    def prefill_session(self) -> ort.InferenceSession:
+        """The first part's (the only one's, for a model in one part)."""
+        return self.prefill_sessions[0]
+
+    @property
+    def decode_session(self) -> ort.InferenceSession:
+        return self.decode_sessions[0]
 
     def _dims(self, seq: int) -> dict[str, int]:
         return {"seq": seq, "past": self.n_ctx, "total": self.n_ctx + seq}
@@ -107,18 +129,18 @@ class Decoder:
                 return None
             part = tokens[start : start + self.chunk]
             if len(part) == 1:
-                logits = self._run(self.decode_session, part, 1)  # a lone token: the cheaper shape
+                logits = self._run(self.decode_sessions, part, 1)  # a lone token: the cheaper shape
             else:
-                logits = self._run(self.prefill_session, part, self.chunk)
+                logits = self._run(self.prefill_sessions, part, self.chunk)
         return logits
 
     def decode(self, token: int) -> np.ndarray:
         """One token in, the next token's logits out."""
         if self.n_past >= self.n_ctx:
             raise ValueError(f"the context of {self.n_ctx} tokens is full")
-        return self._run(self.decode_session, [token], 1)
+        return self._run(self.decode_sessions, [token], 1)
 
-    def _run(self, session: ort.InferenceSession, tokens: list[int], seq: int) -> np.ndarray:
+    def _run(self, sessions: list[ort.InferenceSession], tokens: list[int], seq: int) -> np.ndarray:
         n, pos, ctx = len(tokens), self.n_past, self.n_ctx
         embeds = np.zeros((1, seq, self.cfg.n_embd), np.float32)  # padding rows: zeros, masked and dropped
         embeds[0, :n] = self.embed(tokens)
@@ -128,16 +150,21 @@ class Decoder:
         cos = np.zeros((1, 1, seq, self.cfg.head_dim), np.float32)
         sin = np.zeros_like(cos)
         cos[0, 0, :n], sin[0, 0, :n] = self.cos[pos : pos + n], self.sin[pos : pos + n]
-        feed: dict[str, np.ndarray] = {"inputs_embeds": embeds, "attn_mask": mask, "rope_cos": cos, "rope_sin": sin}
-        for i in range(self.cfg.n_layer):
-            feed[f"past_key_{i}"] = self.keys[i]
-            feed[f"past_value_{i}"] = self.values[i]
-        out = session.run(self.outputs, feed)
-        for i in range(self.cfg.n_layer):
-            self.keys[i][:, :, pos : pos + n] = out[1 + 2 * i][:, :, :n]
-            self.values[i][:, :, pos : pos + n] = out[2 + 2 * i][:, :, :n]
+        x = embeds  # then each part's hidden state, into the next part
+        for part, session, names in zip(self.parts, sessions, self.outputs, strict=True):
+            feed: dict[str, np.ndarray] = {part.input: x}
+            if part.layers:  # a part of the head alone takes only the hidden state
+                feed.update(attn_mask=mask, rope_cos=cos, rope_sin=sin)
+            for i in part.layers:
+                feed[f"past_key_{i}"] = self.keys[i]
+                feed[f"past_value_{i}"] = self.values[i]
+            out = session.run(names, feed)
+            for j, i in enumerate(part.layers):
+                self.keys[i][:, :, pos : pos + n] = out[1 + 2 * j][:, :, :n]
+                self.values[i][:, :, pos : pos + n] = out[2 + 2 * j][:, :, :n]
+            x = out[0]
         self.n_past = pos + n
-        return np.asarray(out[0][0, n - 1], dtype=np.float32)
+        return np.asarray(x[0, n - 1], dtype=np.float32)
 
 
 # ---- sessions ----------------------------------------------------------------------------------
@@ -162,10 +189,11 @@ def cpu_session_factory(threads: int) -> SessionFactory:
 
 
 def context_file(graph: Path, dims: dict[str, int], options: dict[str, str], cpu_fallback: bool) -> Path:
-    """Where the compiled context binary of this shape lives (per SoC and fallback rule)."""
+    """Where the compiled context binary of this graph (a model's parts are graphs of their own) and
+    shape lives (per SoC and fallback rule)."""
     tag = hashlib.sha256(repr((sorted(dims.items()), sorted(options.items()), cpu_fallback)).encode()).hexdigest()[:12]
     # Beside the graph: a context model that keeps some nodes on the CPU names the same weights file.
-    return graph.parent / f"qnn-ctx-s{dims['seq']}-p{dims['past']}-{tag}.onnx"
+    return graph.parent / f"qnn-ctx-{graph.stem}-s{dims['seq']}-p{dims['past']}-{tag}.onnx"
 
 
 def qnn_session_factory(devices: list[Any], options: dict[str, str], threads: int, *, cpu_fallback: bool,
@@ -179,9 +207,9 @@ def qnn_session_factory(devices: list[Any], options: dict[str, str], threads: in
         so = session_options(dims, threads)
         if not cpu_fallback:
             so.add_session_config_entry("session.disable_cpu_ep_fallback", "1")
-        if profile_dir is not None and label == "decode":
+        if profile_dir is not None and label.split()[0] == "decode":
             so.enable_profiling = True
-            so.profile_file_prefix = os.path.join(profile_dir, label)
+            so.profile_file_prefix = os.path.join(profile_dir, label.replace(" ", "-"))  # a file per part
         ctx = context_file(graph, dims, options, cpu_fallback)
         warm = ctx.is_file()
         source = ctx if warm else graph

@@ -54,7 +54,7 @@ from workers.engines.llama.prompt_cache import common_prefix
 from workers.engines.llama.sampling import TOKEN_DATA, Sampler, build_sampler
 from workers.engines.llama.text_stream import TextStream
 from workers.engines.llama_runtime import VocabTokens, init_backend, meta, piece, tokenize
-from workers.engines.npu.convert import GRAPH_FILE, WEIGHTS_FILE, ConversionError, DecoderConfig, cached_or_convert
+from workers.engines.npu.convert import ConversionError, DecoderConfig, cached_or_convert
 from workers.engines.npu.decoder import (
     CPU,
     QNN,
@@ -249,14 +249,18 @@ class NpuChatEngine(VocabTokens):
         QNN does not take whole; under `hybrid` one profiled decode step says where each node ran."""
         from workers.engines.onnx import nodes_by_provider
 
+        parts = self.cfg.graph_parts()
         if profile_dir is None:
             import onnx
 
-            graph = onnx.load(str(self.folder / GRAPH_FILE), load_external_data=False).graph
-            return {self.provider: len(graph.node)}
+            graphs = [onnx.load(str(self.folder / p.graph), load_external_data=False).graph for p in parts]
+            return {self.provider: sum(len(g.node) for g in graphs)}
         self.decoder.decode(0)
         self.decoder.reset()
-        nodes = nodes_by_provider(self.decoder.decode_session.end_profiling())
+        nodes: dict[str, int] = {}
+        for session in self.decoder.decode_sessions:  # every part's
+            for provider, n in nodes_by_provider(session.end_profiling()).items():
+                nodes[provider] = nodes.get(provider, 0) + n
         if nodes.get(QNN, 0) == 0:
             raise NpuUnavailable(f"QNN took no node of the graph ({nodes})")
         return nodes
@@ -274,7 +278,7 @@ class NpuChatEngine(VocabTokens):
             n_ctx_train=self.cfg.n_ctx_train,
             n_vocab=self.n_vocab,
             parallel=1,
-            model_bytes=(self.folder / WEIGHTS_FILE).stat().st_size,
+            model_bytes=sum((self.folder / p.weights).stat().st_size for p in self.cfg.graph_parts()),
             load_seconds=round(self.load_seconds, 3),
             chat_template=self.template.is_native,
             description=f"{self.cfg.arch} ONNX decoder, {self.cfg.n_layer} layers; graph nodes per provider: {nodes}; "
