@@ -1,16 +1,29 @@
 """The NPU chat engine's converted graphs in the data dir (`<data-dir>/npu/<stem>-<key>/`), as both
 sides see them: the worker writes a folder per version of a GGUF, with `npu.json` naming the GGUF
 it came from (`source`); the gateway's `geniex rm` and the worker's next conversion remove the
-folders no model needs any more (each holds about twice the fp32 model: graph and QNN binaries)."""
+folders no model needs any more (each holds the 4-bit graphs and their QNN context binaries)."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import shutil
 from pathlib import Path
 
 NPU_DIR = "npu"
 CONFIG_FILE = "npu.json"
+# The graphs' layout (workers/engines/npu/convert.py): a new version converts every model again,
+# and a bundle made by another version is refused (protocol/npu_bundle.py).
+CONVERTER_VERSION = 3
+
+
+def cache_key(gguf_path: str) -> str:
+    """Names a converted folder: the GGUF's resolved path, size and mtime, and this converter's
+    version (hashing the file itself would read hundreds of MB on every load)."""
+    p = Path(gguf_path).resolve()
+    st = p.stat()
+    digest = hashlib.sha256(f"{p}\0{st.st_size}\0{st.st_mtime_ns}\0{CONVERTER_VERSION}".encode()).hexdigest()
+    return f"{p.stem}-{digest[:16]}"
 
 
 def source_of(folder: Path) -> str | None:

@@ -16,6 +16,7 @@ import msgspec
 from gateway.errors import BadRequest, GenieXError
 from gateway.models.store import ModelEntry, ModelStore
 from gateway.ops.settings import add_data_dir, default_data_dir
+from protocol.npu_bundle import BUNDLE_FILE
 from protocol.upstream import UpstreamError, UpstreamSpec, validate
 
 Command = Callable[[argparse.Namespace], int]
@@ -30,7 +31,7 @@ def add_model_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser])
         "--local",
         type=Path,
         metavar="PATH",
-        help="import this GGUF file, ONNX model folder (model.onnx + tokenizer.json), CTranslate2 Whisper folder "
+        help="import this GGUF file, NPU bundle (`geniex npu compile --bundle`), ONNX model folder (model.onnx + tokenizer.json), CTranslate2 Whisper folder "
         "(model.bin + config.json + tokenizer.json) or diffusers pipeline folder (model_index.json), instead of "
         "downloading",
     )
@@ -130,7 +131,11 @@ def _pull(args: argparse.Namespace) -> int:
         entry = store.add_upstream(args.name, upstream_spec(args))
         print(entry.id)
         return 0
-    if args.local is not None:
+    if args.local is not None and (Path(args.local) / BUNDLE_FILE).is_file():
+        from gateway.models.npu_cli import import_bundle
+
+        entry = import_bundle(store, Path(args.local), args.name)  # a model compiled for the NPU elsewhere
+    elif args.local is not None:
         entry = store.import_local(args.local, args.name, mmproj=getattr(args, "mmproj", None))
     else:
         from gateway.models.pull import (

@@ -1,21 +1,30 @@
 """`geniex npu plan MODEL`: whether a chat model fits a Snapdragon's NPU, and how it would be split,
-before anything is converted or compiled (protocol/npu_plan.py does the arithmetic)."""
+before anything is converted or compiled (protocol/npu_plan.py does the arithmetic).
+`geniex npu compile MODEL`: convert and compile it now, into the data dir's NPU cache, and optionally
+as a bundle for another machine; `geniex pull NAME --local BUNDLE` imports one (`import_bundle`)."""
 
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
+import json
+import os
+import shutil
 import struct
+import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import msgspec
 
-from gateway.errors import GenieXError
+from gateway.errors import BadRequest, GenieXError
 from gateway.models.cli import human_size
-from gateway.models.store import ModelStore
+from gateway.models.store import ModelEntry, ModelStore
 from gateway.ops.settings import add_data_dir, default_data_dir
 from protocol import npu_plan
 from protocol.gguf_header import npu_shape
+from protocol.npu_cache import CONFIG_FILE, CONVERTER_VERSION, NPU_DIR, cache_key
 
 
 def add_npu_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -31,6 +40,18 @@ def add_npu_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument("--json", action="store_true", help="print the plan as JSON")
     add_data_dir(p)
     p.set_defaults(func=_plan)
+    c = npu.add_parser("compile", help="convert a model and compile its NPU graphs now (a first NPU load then "
+                       "takes about a second), here or as a bundle for another machine")  # fmt: skip
+    c.add_argument("model", help="a model name (as `geniex list` shows it)")
+    c.add_argument("--soc", choices=sorted(npu_plan.SOCS), default=None,
+                   help="the Snapdragon to compile for (default: this machine's; on x86_64, through Qualcomm's "
+                        "simulator libraries, with GENIEX_QNN_SIMULATOR=1, the X Elite)")  # fmt: skip
+    c.add_argument("--nctx", type=int, default=1024, help="the context the compiled shapes attend over (default 1024)")
+    c.add_argument("--bundle", type=Path, metavar="OUT",
+                   help="also write the model and its compiled graphs to the folder OUT, for `geniex pull NAME "
+                        "--local OUT` on the laptop")  # fmt: skip
+    add_data_dir(c)
+    c.set_defaults(func=_compile)
 
 
 def _gguf(name: str, data_dir: Path | None) -> str:
@@ -72,3 +93,72 @@ def _plan(args: argparse.Namespace) -> int:
         )
         print("fits" if plan.fits else f"does not fit: {plan.why_not}")
     return 0 if plan.fits else 1
+
+
+def _compile(args: argparse.Namespace) -> int:
+    data_dir = args.data_dir if args.data_dir is not None else default_data_dir()
+    try:
+        entry = ModelStore(data_dir).resolve(args.model)
+    except GenieXError as exc:
+        raise SystemExit(f"error: {exc.message}") from None
+    if not entry.path.endswith(".gguf"):
+        raise SystemExit(f"error: {entry.id} is not a GGUF chat model (engine {entry.engine})")
+    if args.bundle is not None and args.bundle.exists():
+        raise SystemExit(f"error: {args.bundle} already exists")
+    env = dict(os.environ)
+    if args.soc:
+        env["GENIEX_QNN_SOC_MODEL"] = str(npu_plan.SOCS[args.soc].soc_model)
+    soc = npu_plan.SOCS[args.soc] if args.soc else npu_plan.detect_soc(env)[0]
+    plan = npu_plan.plan(npu_shape(entry.path), soc, args.nctx, shared_weights=False)
+    if not plan.fits:
+        print(f"error: {entry.id} does not fit the {soc.title}: {plan.why_not}", file=sys.stderr)
+        return 1
+    # The worker's own process: the converter and QNN are engine code, which the gateway never imports.
+    command = [sys.executable, "-I", "-m", "workers.engines.npu.build", "--model-path", entry.path,
+               "--cache-dir", str(data_dir / NPU_DIR), "--nctx", str(args.nctx), "--name", entry.id,
+               *(["--bundle", str(args.bundle.absolute())] if args.bundle is not None else [])]  # fmt: skip
+    return subprocess.run(command, env=env, check=False).returncode
+
+
+def import_bundle(store: ModelStore, folder: Path, name: str) -> ModelEntry:
+    """A bundle's model into the store, and its compiled graphs into the NPU cache beside it. A bundle
+    for another SoC, QNN or converter is refused whole (BadRequest naming why, nothing imported)."""
+    from protocol.npu_bundle import GRAPHS_DIR, BundleError, mismatch, read_bundle
+
+    try:
+        bundle = read_bundle(folder)
+    except BundleError as exc:
+        raise BadRequest(str(exc)) from None
+    soc = npu_plan.detect_soc()[0].name
+    why = mismatch(bundle, soc=soc, qnn_version=qnn_version(), converter_version=CONVERTER_VERSION)
+    if why is not None:
+        raise BadRequest(f"{folder}: its NPU graphs cannot be used here: {why}. Import the model alone with "
+                         f"`geniex pull {name} --local {folder / bundle.gguf}`; its graphs are then built on "
+                         "this machine at its first NPU load")  # fmt: skip
+    entry = store.import_local(folder / bundle.gguf, name)
+    cache = store.data_dir / NPU_DIR
+    cache.mkdir(parents=True, exist_ok=True)
+    target = cache / cache_key(entry.path)
+    tmp = Path(tempfile.mkdtemp(prefix=".converting-", dir=cache))
+    try:
+        for rel in bundle.files:
+            (tmp / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(folder / GRAPHS_DIR / rel, tmp / rel)
+        config = json.loads((tmp / CONFIG_FILE).read_text())
+        config["source"] = str(Path(entry.path).resolve())  # the host reads the token embedding from it
+        (tmp / CONFIG_FILE).write_text(json.dumps(config))
+        shutil.rmtree(target, ignore_errors=True)
+        tmp.rename(target)
+    except (OSError, ValueError) as exc:
+        raise BadRequest(f"{folder}: its NPU graphs could not be imported: {exc}") from None
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return entry
+
+
+def qnn_version() -> str:
+    """The QNN plugin's version, without importing it."""
+    try:
+        return importlib.metadata.version("onnxruntime-qnn")
+    except importlib.metadata.PackageNotFoundError:
+        return ""

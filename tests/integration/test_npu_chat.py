@@ -1,9 +1,9 @@
-"""`compute: npu` chat through the real server, on QNN's HTP simulator (x86_64), against `compute: cpu`.
+"""`compute: npu` chat through the real server, on QNN's HTP simulator (x86_64), against `compute: cpu`;
+the model compiled beforehand by `geniex npu compile --bundle` and imported by `geniex pull --local`,
+as a laptop would take a model compiled on another machine.
 
-Slow (about 1.5 min on a busy 2-core box): a simulated decode step takes seconds and building the
-two QNN sessions tens of seconds, so the requests are a few tokens. The converted graph is the one
-the converter's tests made this session, hard-linked into the server's data dir (the conversion
-itself is tested in test_npu_convert.py).
+Slow (about 2 min on a busy 2-core box): a simulated decode step takes seconds and compiling the
+two QNN contexts tens of seconds (once, in the compile), so the requests are a few tokens.
 """
 
 from __future__ import annotations
@@ -11,14 +11,17 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import subprocess
+import sys
 from collections.abc import Iterator
+from pathlib import Path
 
 import httpx
 import openai
 import pytest
 
+from protocol.npu_bundle import BUNDLE_FILE
 from tests.conftest import MODEL
-from tests.npu_models import converted
 from tests.server_proc import ServerProcess, serving
 
 pytestmark = [
@@ -30,14 +33,26 @@ pytestmark = [
 MESSAGES = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "What is the capital of France?"}]
 
 
+def _geniex(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "gateway.cli", *args], capture_output=True, text=True,
+                          timeout=900, env=env)  # fmt: skip
+
+
 @pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+def bundle(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    build = tmp_path_factory.mktemp("npu-build")
+    done = _geniex("npu", "compile", MODEL, "--data-dir", str(build / "data"), "--nctx", "128", "--bundle",
+                   str(build / "bundle"), env={**os.environ, "GENIEX_QNN_SIMULATOR": "1"})  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "bundle" in done.stdout and (build / "bundle" / BUNDLE_FILE).is_file()
+    return build / "bundle"
+
+
+@pytest.fixture(scope="module")
+def server(bundle: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     data = tmp_path_factory.mktemp("npu-data")
-    folder = converted(tmp_path_factory)
-    target = data / "npu" / folder.name
-    target.mkdir(parents=True)
-    for f in folder.iterdir():
-        os.link(f, target / f.name)  # the 650 MB graph, without a copy
+    done = _geniex("pull", MODEL, "--local", str(bundle), "--data-dir", str(data))
+    assert done.returncode == 0 and done.stdout.strip() == MODEL, done.stdout + done.stderr
     with serving(data, "--qnn-simulator", "--nctx", "128", "--load-timeout-s", "600", "--keep-alive-s", "600") as srv:
         yield srv
 
@@ -66,9 +81,46 @@ def test_npu_chat_gives_the_cpu_engines_greedy_tokens(client: openai.OpenAI, ser
     events = [json.loads(line) for line in server.log().splitlines() if line.startswith("{")]
     loaded = [e for e in events if e.get("event") == "npu chat model loaded"]
     assert len(loaded) == 1 and list(loaded[0]["nodes"]) == ["QNNExecutionProvider"], loaded  # no CPU node
+    # The bundle's context binaries were found: nothing was compiled on this "laptop".
+    built = [e for e in events if e.get("event") == "npu session ready"]
+    assert len(built) == 2 and {e["context_cache"] for e in built} == {"warm"}, built
 
 
 def test_what_the_npu_engine_lacks_is_a_400_naming_it(server: ServerProcess) -> None:
     body = {"model": MODEL, "messages": MESSAGES, "max_tokens": 1, "compute": "npu", "logprobs": True}
     r = httpx.post(f"{server.base_url}/v1/chat/completions", json=body, timeout=600)
     assert r.status_code == 400 and "NPU engine" in r.json()["error"], r.text
+
+
+def _copy(bundle: Path, to: Path) -> Path:
+    """The bundle's files hard-linked into a new folder (its manifest copied, to be edited)."""
+    for f in bundle.rglob("*"):
+        if f.is_file():
+            (to / f.relative_to(bundle)).parent.mkdir(parents=True, exist_ok=True)
+            if f.name == BUNDLE_FILE:
+                (to / f.relative_to(bundle)).write_bytes(f.read_bytes())
+            else:
+                os.link(f, to / f.relative_to(bundle))
+    return to
+
+
+@pytest.mark.parametrize(
+    ("edit", "reason"),
+    [
+        ({"soc": "8-elite"}, "compiled for the 8-elite and this machine is a x-elite"),
+        ({"qnn_version": "0.1"}, "compiled with onnxruntime-qnn 0.1"),
+        ({"converter_version": 1}, "converter's version 1"),
+        ({"files": ["../../../../etc/passwd"]}, "is not a plain path inside the bundle"),
+        ({"gguf": "/srv/models/m.gguf"}, "is not a plain path inside the bundle"),
+    ],
+)
+def test_a_bundle_for_another_machine_or_reaching_outside_is_refused(
+    bundle: Path, tmp_path: Path, edit: dict[str, object], reason: str
+) -> None:
+    copy = _copy(bundle, tmp_path / "bundle")
+    manifest = json.loads((copy / BUNDLE_FILE).read_text())
+    (copy / BUNDLE_FILE).write_text(json.dumps({**manifest, **edit}))
+    data = tmp_path / "data"
+    done = _geniex("pull", MODEL, "--local", str(copy), "--data-dir", str(data))
+    assert done.returncode == 1 and reason in done.stderr and "Traceback" not in done.stderr, done.stderr
+    assert not (data / "models").exists() and not (data / "npu").exists(), "nothing was imported"

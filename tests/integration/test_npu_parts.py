@@ -60,7 +60,7 @@ def test_the_parts_are_the_plans(parts: Path, tmp_path_factory: pytest.TempPathF
         assert abs(part.weight_bytes - planned.weight_bytes) <= 0.01 * planned.weight_bytes, (part, planned)
     assert not (parts / GRAPH_FILE).exists()
     # Each part's compiled shapes are cached under names of their own.
-    names = {context_file(parts / p.graph, {"seq": 1, "past": N_CTX}, {}, False).name for p in cfg.parts}
+    names = {context_file(parts / p.graph, {"seq": 1, "past": N_CTX}, "x-elite", False).name for p in cfg.parts}
     assert len(names) == len(cfg.parts)
 
 

@@ -39,7 +39,6 @@ they meet their shared K/V head without repeating K/V.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import shutil
 import sys
@@ -52,12 +51,11 @@ from typing import Any
 
 import numpy as np
 
-from protocol.npu_cache import CONFIG_FILE, remove_stale
+from protocol.npu_cache import CONFIG_FILE, CONVERTER_VERSION, cache_key, remove_stale
 from protocol.npu_plan import PART_LIMIT, Shape, split
 
 # 2: MatMulNBits weights, host-side embedding lookup (inputs_embeds)
 # 3: the layers in chained parts of at most npu_plan.PART_LIMIT of weights (npu.json `parts`)
-CONVERTER_VERSION = 3
 GRAPH_FILE = "model.onnx"  # a model in one part; in several: part0.onnx, part1.onnx, ...
 WEIGHTS_FILE = "model.onnx.data"  # each graph's weights: its file name + ".data"
 # Architectures whose GGUF tensors this converter maps; others stay on llama.cpp.
@@ -145,15 +143,6 @@ class DecoderConfig:
 
     def graph_parts(self) -> list[GraphPart]:
         return self.parts or [GraphPart(GRAPH_FILE, WEIGHTS_FILE, 0, self.n_layer, True)]
-
-
-def cache_key(gguf_path: str) -> str:
-    """Names a converted folder: the GGUF's resolved path, size and mtime, and this converter's
-    version (hashing the file itself would read hundreds of MB on every load)."""
-    p = Path(gguf_path).resolve()
-    st = p.stat()
-    digest = hashlib.sha256(f"{p}\0{st.st_size}\0{st.st_mtime_ns}\0{CONVERTER_VERSION}".encode()).hexdigest()
-    return f"{p.stem}-{digest[:16]}"
 
 
 def cached_or_convert(gguf_path: str, cache_dir: Path, progress: Callable[[str], None] | None = None) -> Path:

@@ -33,6 +33,7 @@ from typing import Any
 import numpy as np
 import onnxruntime as ort
 
+from protocol import npu_plan
 from workers.engines.npu.convert import MASKED, DecoderConfig
 
 CHUNK = 32  # prompt tokens per prefill pass
@@ -188,10 +189,11 @@ def cpu_session_factory(threads: int) -> SessionFactory:
     return make
 
 
-def context_file(graph: Path, dims: dict[str, int], options: dict[str, str], cpu_fallback: bool) -> Path:
+def context_file(graph: Path, dims: dict[str, int], soc: str, cpu_fallback: bool) -> Path:
     """Where the compiled context binary of this graph (a model's parts are graphs of their own) and
-    shape lives (per SoC and fallback rule)."""
-    tag = hashlib.sha256(repr((sorted(dims.items()), sorted(options.items()), cpu_fallback)).encode()).hexdigest()[:12]
+    shape lives, per SoC and fallback rule: not per run-time option (the performance mode), nor per
+    machine, so that binaries compiled elsewhere for this SoC (`geniex npu compile`) are found."""
+    tag = hashlib.sha256(repr((sorted(dims.items()), soc, cpu_fallback)).encode()).hexdigest()[:12]
     # Beside the graph: a context model that keeps some nodes on the CPU names the same weights file.
     return graph.parent / f"qnn-ctx-{graph.stem}-s{dims['seq']}-p{dims['past']}-{tag}.onnx"
 
@@ -202,6 +204,8 @@ def qnn_session_factory(devices: list[Any], options: dict[str, str], threads: in
     """Sessions on QNN. `cpu_fallback` False (compute npu): onnxruntime refuses a graph that QNN
     cannot take whole. The first build of a shape writes its context binary; later builds load it."""
 
+    soc = npu_plan.detect_soc()[0].name  # the simulator's too: GENIEX_QNN_SOC_MODEL, else the X Elite
+
     def make(graph: Path, dims: dict[str, int], label: str) -> ort.InferenceSession:
         t0 = time.perf_counter()
         so = session_options(dims, threads)
@@ -210,7 +214,7 @@ def qnn_session_factory(devices: list[Any], options: dict[str, str], threads: in
         if profile_dir is not None and label.split()[0] == "decode":
             so.enable_profiling = True
             so.profile_file_prefix = os.path.join(profile_dir, label.replace(" ", "-"))  # a file per part
-        ctx = context_file(graph, dims, options, cpu_fallback)
+        ctx = context_file(graph, dims, soc, cpu_fallback)
         warm = ctx.is_file()
         source = ctx if warm else graph
         if not warm:
