@@ -7,12 +7,13 @@ from __future__ import annotations
 
 import os
 import struct
+from typing import NamedTuple
 
 from protocol.npu_plan import Shape
 
 _SCALAR = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
 _STRING, _ARRAY = 8, 9
-_WANTED = (".block_count", ".embedding_length", ".attention.head_count", ".attention.head_count_kv",
+_WANTED = (".alignment", ".block_count", ".embedding_length", ".attention.head_count", ".attention.head_count_kv",
            ".attention.key_length", ".attention.value_length", ".pooling_type", ".context_length",
            ".feed_forward_length", ".vocab_size")  # fmt: skip
 ARCHITECTURE = "general.architecture"
@@ -24,11 +25,33 @@ LAYER_EIGHT_BIT = "tensors.blk.eight_bit_share"
 EIGHT_BIT_TYPES = frozenset({8, 9, 14, 15})
 
 
+class TensorInfo(NamedTuple):
+    name: str
+    dims: tuple[int, ...]  # GGUF's order: the innermost (contiguous) dimension first
+    ggml_type: int
+    offset: int  # from the start of the data section
+
+
+class Header(NamedTuple):
+    meta: dict[str, float | str]
+    tensors: list[TensorInfo]
+    data_start: int  # where the tensors' data begins in the file
+    file_size: int
+
+
 def read_gguf_numbers(path: str) -> dict[str, float | str]:
     """The scalar metadata of a GGUF header whose key ends with one of `_WANTED`,
-    `general.architecture`, the vocabulary's size, and the head's type (HEAD_TYPES). ValueError (or
-    struct.error on a truncated file) for a file that is not a readable GGUF."""
+    `general.architecture`, the vocabulary's size, the head's type (HEAD_TYPES) and the layers'
+    8-bit share. ValueError (or struct.error on a truncated file) for a file that is not a
+    readable GGUF."""
+    return read_gguf(path).meta
+
+
+def read_gguf(path: str) -> Header:
+    """The header, its tensors' table included (what `read_gguf_numbers` reads, and where each
+    tensor's data lies)."""
     out: dict[str, float | str] = {}
+    tensors: list[TensorInfo] = []
     file_size = os.path.getsize(path)
     with open(path, "rb") as f:
         if f.read(4) != b"GGUF":
@@ -76,24 +99,27 @@ def read_gguf_numbers(path: str) -> dict[str, float | str]:
                 skip(vtype)
             else:
                 skip(vtype)
-        layer, eight_bit = 0, 0
-        for _ in range(n_tensors):  # the head's type and the layers' 8-bit share (the NPU plan)
-            name = string()
+        for _ in range(n_tensors):
+            name = string().decode(errors="replace")
             (n_dims,) = struct.unpack("<I", f.read(4))
             if n_dims > 8:
-                raise ValueError(f"corrupt GGUF header: a tensor with {n_dims} dimensions")
+                raise ValueError(f"corrupt GGUF header: tensor {name} has {n_dims} dimensions")
             dims = struct.unpack(f"<{n_dims}Q", f.read(8 * n_dims))
-            (ggml_type,) = struct.unpack("<I", f.read(4))
-            f.seek(8, 1)  # offset
-            if name in (b"output.weight", b"token_embd.weight"):
-                out[f"tensor.{name.decode()}.type"] = ggml_type
-            elif name.startswith(b"blk.") and n_dims == 2:
-                n = dims[0] * dims[1]
-                layer += n
-                eight_bit += n if ggml_type in EIGHT_BIT_TYPES else 0
-        if layer:
-            out[LAYER_EIGHT_BIT] = eight_bit / layer
-    return out
+            ggml_type, offset = struct.unpack("<IQ", f.read(12))
+            tensors.append(TensorInfo(name, dims, ggml_type, offset))
+        alignment = int(out.get("general.alignment", 32)) or 32
+        data_start = -(-f.tell() // alignment) * alignment
+    # What the NPU plan reads of the tensors: the head's type, and the layers' 8-bit share.
+    layer, eight_bit = 0, 0
+    for t in tensors:
+        if t.name in ("output.weight", "token_embd.weight"):
+            out[f"tensor.{t.name}.type"] = t.ggml_type
+        elif t.name.startswith("blk.") and len(t.dims) == 2:
+            layer += t.dims[0] * t.dims[1]
+            eight_bit += t.dims[0] * t.dims[1] if t.ggml_type in EIGHT_BIT_TYPES else 0
+    if layer:
+        out[LAYER_EIGHT_BIT] = eight_bit / layer
+    return Header(out, tensors, data_start, file_size)
 
 
 def npu_shape(path: str) -> Shape:

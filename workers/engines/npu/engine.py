@@ -63,6 +63,7 @@ from workers.engines.npu.decoder import (
     cpu_session_factory,
     qnn_session_factory,
 )
+from workers.engines.npu.gguf_checks import check_gguf
 
 log = structlog.get_logger("worker.npu")
 
@@ -190,6 +191,11 @@ class NpuChatEngine(VocabTokens):
             devices, why = npu_devices()
             if why is not None:
                 raise NpuUnavailable(why)
+        try:
+            check_gguf(opts.model_path)  # a truncated or inconsistent file: the reason, not a numpy error
+        except ConversionError as exc:
+            raise NpuUnavailable(str(exc)) from None
+        if not cpu_threads:
             check_fits(opts.model_path, min(opts.nctx or NPU_MAX_CTX, NPU_MAX_CTX))
         try:
             folder = cached_or_convert(opts.model_path, cache_dir(opts), progress=lambda m: log.info(m))
@@ -462,7 +468,10 @@ class CpuFallback:
     def __init__(self, opts: EngineOptions, reason: str) -> None:
         from workers.engines.llama.engine import LlamaEngine
 
-        self.engine = LlamaEngine(msgspec.structs.replace(opts, compute="cpu"))
+        try:
+            self.engine = LlamaEngine(msgspec.structs.replace(opts, compute="cpu"))
+        except EngineError as exc:  # a broken file: both reasons, the NPU's being the more precise
+            raise EngineError(f"{exc.message}; the NPU refused it too: {reason}", kind=exc.kind) from None
         self.reason = reason
 
     def ready(self) -> Ready:
