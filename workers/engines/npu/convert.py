@@ -1,4 +1,4 @@
-"""A llama- or qwen2-architecture GGUF as an ONNX decoder graph for onnxruntime (QNN HTP, or the CPU).
+"""A llama, qwen2, qwen3 or phi3 GGUF as an ONNX decoder graph for onnxruntime (QNN HTP, or the CPU).
 
 Only `gguf` (to read and dequantize the tensors) and `onnx.helper` (to write the graph); no torch.
 The graph is built for a static-shape NPU:
@@ -31,7 +31,12 @@ after it) holds the final norm and the head and gives `logits`. npu.json's `part
 
 Exactness details: GGUF stores each head's Q/K rows in the interleaved order llama.cpp's RoPE
 wants; they are put back in the half-split order here, so a plain rotate-half RoPE is exact. The
-attention scale 1/sqrt(head_dim) is folded into Wq. RMSNorm is onnxruntime's
+attention scale 1/sqrt(head_dim) is folded into Wq (qwen3: into its per-head Q RMSNorm's weight,
+which follows Wq). Architectures beyond llama's tensors: qwen2's Q/K/V biases; qwen3's per-head
+RMSNorm on Q and K before RoPE, and heads wider than n_embd / n_head; phi3's fused `attn_qkv` and
+gate+up `ffn_up` matrices, split by rows (block rows, so Q4_0/Q8_0 stay exact). phi3's sliding
+window is off in llama.cpp too (full attention); its LongRoPE factors (rope_factors_long/short) are
+refused. RMSNorm is onnxruntime's
 SimplifiedLayerNormalization (QNN maps it to its RmsNorm). Every tensor stays at most 4-D: grouped
 query attention reshapes the queries [1, n_head, seq, d] to [1, n_head_kv, group*seq, d] so that
 they meet their shared K/V head without repeating K/V.
@@ -59,9 +64,9 @@ from protocol.npu_plan import PART_LIMIT, Shape, split
 GRAPH_FILE = "model.onnx"  # a model in one part; in several: part0.onnx, part1.onnx, ...
 WEIGHTS_FILE = "model.onnx.data"  # each graph's weights: its file name + ".data"
 # Architectures whose GGUF tensors this converter maps; others stay on llama.cpp.
-SUPPORTED_ARCHS = ("llama", "qwen2")
+SUPPORTED_ARCHS = ("llama", "qwen2", "qwen3", "phi3")
 # llama.cpp's converter interleaves these architectures' Q/K rows for its "normal" RoPE; the others
-# (qwen2: NEOX RoPE) keep the half-split order rotate-half wants.
+# (qwen2, qwen3, phi3: NEOX RoPE) keep the half-split order rotate-half wants.
 INTERLEAVED_ROPE_ARCHS = ("llama",)
 MASKED = -10000.0  # additive mask for hidden positions: exp() of it is 0 in fp32 and in fp16 (HTP)
 BLOCK = 32  # MatMulNBits block_size: the Q4_0 / Q8_0 block
@@ -208,7 +213,16 @@ def read_config(reader: Any, source: str) -> DecoderConfig:
     factors = next((t for t in reader.tensors if t.name == "rope_freqs.weight"), None)
     head = next((t for t in reader.tensors if t.name == "output.weight"), embd)
     gate = next((t for t in reader.tensors if t.name == "blk.0.ffn_gate.weight"), None)
-    n_ff = int(gate.shape[1]) if gate is not None else int(_field(reader, f"{arch}.feed_forward_length", 0))
+    up = next((t for t in reader.tensors if t.name == "blk.0.ffn_up.weight"), None)
+    if gate is not None:
+        n_ff = int(gate.shape[1])
+    elif up is not None:  # phi3: the gate's and the up projection's rows in one matrix
+        n_ff = int(up.shape[1]) // 2
+    else:
+        n_ff = int(_field(reader, f"{arch}.feed_forward_length", 0))
+    long_rope = [t.name for t in reader.tensors if t.name.startswith("rope_factors_")]
+    if long_rope:  # phi3's LongRoPE: llama.cpp picks the short or long factors by context length
+        raise ConversionError(f"LongRoPE ({', '.join(sorted(long_rope))}) is not supported")
     matrices = [t for t in reader.tensors if t.name.startswith("blk.") and len(t.shape) == 2]
     n_matrix = sum(int(t.n_elements) for t in matrices)
     n_eight = sum(int(t.n_elements) for t in matrices if head_bits(t.tensor_type) == 8)
@@ -458,6 +472,9 @@ def convert(gguf_path: str, out_dir: Path, progress: Callable[[str], None] | Non
     rot[half:, :half] = -np.eye(half, dtype=np.float32)
     rot[:half, half:] = np.eye(half, dtype=np.float32)
     every = max(1, cfg.n_layer // 4)  # a progress line per quarter, not per layer
+    q_dim, kv_dim = h * d, hkv * d  # a fused QKV matrix's rows: Q's, K's, V's
+    qkv_rows = {"attn_q": slice(0, q_dim), "attn_k": slice(q_dim, q_dim + kv_dim),
+                "attn_v": slice(q_dim + kv_dim, q_dim + 2 * kv_dim)}  # fmt: skip
 
     def write_part(index: int, count: int, planned: Any) -> GraphPart:
         """One graph of the chain: its layers, and the final norm and head when it holds them."""
@@ -481,18 +498,53 @@ def convert(gguf_path: str, out_dir: Path, progress: Callable[[str], None] | Non
             hows[source or name] = blocks[3]
             return g.matmul(v, name, blocks, output)
 
-        def projection(v: str, name: str, rope_heads: int, factor: float) -> str:
-            """Q, K or V with its optional bias (qwen2 has them): rows put in rotate-half order for
-            `rope_heads` heads, and scaled by `factor` (the attention scale, for Q)."""
-            b = weight(name + ".bias").reshape(-1, 1) if name + ".bias" in tensors else None
-            transform = None
+        def projection(v: str, p: str, kind: str, rope_heads: int, factor: float) -> str:
+            """Q, K or V (`kind`: attn_q, attn_k, attn_v) of layer prefix `p` with its optional bias
+            (qwen2 has them): rows put in rotate-half order for `rope_heads` heads, and scaled by
+            `factor` (the attention scale, for Q). A fused QKV matrix (phi3's `attn_qkv`: Q's rows,
+            then K's, then V's) gives each its own rows (block rows: still exact)."""
+            name, source, rows = p + kind, p + kind, None
+            if name + ".weight" not in tensors and p + "attn_qkv.weight" in tensors:
+                source, rows = p + "attn_qkv", qkv_rows[kind]
+            b = weight(source + ".bias").reshape(-1, 1) if source + ".bias" in tensors else None
+            b = b[rows] if b is not None and rows is not None else b
+            steps: list[Callable[[np.ndarray], np.ndarray]] = []
+            if rows is not None:
+                steps.append(lambda r: r[rows])
             if rope_heads and cfg.arch in INTERLEAVED_ROPE_ARCHS:
-                transform = lambda rows: unpermute_rope_rows(rows, rope_heads)  # noqa: E731
+                steps.append(lambda r: unpermute_rope_rows(r, rope_heads))
                 b = unpermute_rope_rows(b, rope_heads) if b is not None else None
-            out = linear(v, name + ".weight", transform, factor)
+
+            def transform(r: np.ndarray) -> np.ndarray:
+                for step in steps:
+                    r = step(r)
+                return r
+
+            out = linear(v, name + ".weight", transform if steps else None, factor, source=source + ".weight")
             if b is None:
                 return out
             return g.op("Add", [out, g.const(name + ".bias", (b.ravel() * np.float32(factor)).astype(np.float32))])
+
+        def heads(v: str, shape: str, norm: str, factor: float) -> str:
+            """[1, seq, heads * d] -> [1, heads, seq, d]; through the per-head RMSNorm `norm` first
+            when the GGUF has it (qwen3's attn_q_norm / attn_k_norm, before RoPE), its weight
+            scaled by `factor` (the attention scale, for Q)."""
+            v = g.op("Reshape", [v, shape])
+            if norm in tensors:
+                w = (weight(norm) * np.float32(factor)).astype(np.float32)
+                v = g.op("SimplifiedLayerNormalization", [v, g.const(norm, w)], axis=-1, epsilon=cfg.rms_eps,
+                         stash_type=1)  # fmt: skip
+            return g.op("Transpose", [v], perm=[0, 2, 1, 3])
+
+        def ffn_in(v: str, p: str) -> tuple[str, str]:
+            """The gate and up projections: `ffn_gate` and `ffn_up`, or phi3's fused `ffn_up` (the
+            gate's rows first, then the up rows)."""
+            if p + "ffn_gate.weight" in tensors:
+                return linear(v, p + "ffn_gate.weight"), linear(v, p + "ffn_up.weight")
+            n_ff = cfg.n_ff
+            gate_rows, up_rows = slice(0, n_ff), slice(n_ff, 2 * n_ff)
+            return (linear(v, p + "ffn_gate.weight", lambda r: r[gate_rows], source=p + "ffn_up.weight"),
+                    linear(v, p + "ffn_up.weight", lambda r: r[up_rows]))  # fmt: skip
 
         x = part.input  # [1, seq, n_embd]
         try:
@@ -523,12 +575,12 @@ def convert(gguf_path: str, out_dir: Path, progress: Callable[[str], None] | Non
                 outputs += [helper.make_tensor_value_info(n, f32, [1, hkv, "seq", d])
                             for n in (f"present_key_{i}", f"present_value_{i}")]  # fmt: skip
                 hn = rms(x, p + "attn_norm.weight")
-                q = g.op("Transpose", [g.op("Reshape", [projection(hn, p + "attn_q", h, scale), shape_heads])],
-                         perm=[0, 2, 1, 3])  # fmt: skip
-                k = g.op("Transpose", [g.op("Reshape", [projection(hn, p + "attn_k", hkv, 1.0), shape_kv_heads])],
-                         perm=[0, 2, 1, 3])  # fmt: skip
-                v = g.op("Transpose", [g.op("Reshape", [projection(hn, p + "attn_v", 0, 1.0), shape_kv_heads])],
-                         perm=[0, 2, 1, 3])  # fmt: skip
+                # The attention scale goes into Wq, or into the Q norm's weight where one follows Wq.
+                q_normed = p + "attn_q_norm.weight" in tensors
+                q = heads(projection(hn, p, "attn_q", h, 1.0 if q_normed else scale), shape_heads,
+                          p + "attn_q_norm.weight", scale)  # fmt: skip
+                k = heads(projection(hn, p, "attn_k", hkv, 1.0), shape_kv_heads, p + "attn_k_norm.weight", 1.0)
+                v = heads(projection(hn, p, "attn_v", 0, 1.0), shape_kv_heads, "", 1.0)
                 q = rope(q)
                 k = g.named("Identity", [rope(k)], f"present_key_{i}")
                 v = g.named("Identity", [v], f"present_value_{i}")
@@ -543,8 +595,8 @@ def convert(gguf_path: str, out_dir: Path, progress: Callable[[str], None] | Non
                 ctx = g.op("Reshape", [g.op("Transpose", [ctx], perm=[0, 2, 1, 3]), shape_flat])  # [1, seq, h*d]
                 x = g.op("Add", [x, linear(ctx, p + "attn_output.weight")])
                 hn = rms(x, p + "ffn_norm.weight")
-                gate = linear(hn, p + "ffn_gate.weight")
-                act = g.op("Mul", [g.op("Mul", [gate, g.op("Sigmoid", [gate])]), linear(hn, p + "ffn_up.weight")])
+                gate, up = ffn_in(hn, p)
+                act = g.op("Mul", [g.op("Mul", [gate, g.op("Sigmoid", [gate])]), up])
                 x = g.op("Add", [x, linear(act, p + "ffn_down.weight")])
 
             if part.head:
