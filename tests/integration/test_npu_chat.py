@@ -26,6 +26,9 @@ from tests.server_proc import ServerProcess, serving
 
 pytestmark = [
     pytest.mark.slow,
+    # A liveness bound, not a speed one: a simulated step takes seconds on an idle box and half a
+    # minute on a loaded one (CI saw 275 s for this module's first test beside other work).
+    pytest.mark.timeout(900),
     pytest.mark.skipif(importlib.util.find_spec("onnxruntime_qnn") is None, reason="needs onnxruntime-qnn"),
 ]
 

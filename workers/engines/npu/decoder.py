@@ -16,6 +16,15 @@ A model converted in several parts (npu.json `parts`: each graph at most npu_pla
 weights) runs them in sequence every step, each part's hidden state into the next, each writing
 its own layers' K/V into the buffer; a session per (part, shape).
 
+IO binding (the default): each session's inputs and outputs are bound once, as OrtValues over host
+buffers that share their memory (the KV arrays, per-shape embedding / mask / rope buffers, the
+outputs), so a step fills those buffers in place and calls run_with_iobinding: no per-step feed
+dictionary, input arrays or output allocations, and the host's KV writes are seen by the next run
+as they are. onnxruntime wraps a contiguous numpy input without copying in plain `run` too, so on
+the CPU EP this saves per-step overhead, not a copy of the buffer; the QNN EP copies CPU-bound
+inputs into its own tensors either way. Where binding fails, the decoder falls back to plain
+`session.run` (logged once) with the same results.
+
 On QNN each shape of each part is compiled once and kept as a context binary (an EPContext model)
 under the converted folder, named after the part's graph, so a later load skips the 10+ s graph
 finalisation.
@@ -32,6 +41,7 @@ from typing import Any
 
 import numpy as np
 import onnxruntime as ort
+import structlog
 
 from protocol import npu_plan
 from workers.engines.npu.convert import MASKED, DecoderConfig
@@ -39,6 +49,8 @@ from workers.engines.npu.convert import MASKED, DecoderConfig
 CHUNK = 32  # prompt tokens per prefill pass
 QNN = "QNNExecutionProvider"
 CPU = "CPUExecutionProvider"
+
+log = structlog.get_logger("worker.npu.decoder")
 
 SessionFactory = Callable[[Path, dict[str, int], str], ort.InferenceSession]
 
@@ -76,11 +88,48 @@ def rope_tables(cfg: DecoderConfig, n_pos: int) -> tuple[np.ndarray, np.ndarray]
     return np.cos(angles).astype(np.float32), np.sin(angles).astype(np.float32)
 
 
+class _BoundChain:
+    """The parts' sessions of one shape with every input and output bound once to a host buffer:
+    embeds, mask, cos and sin are filled in place per step; part k's output buffer is part k+1's
+    input; the past K/V inputs are OrtValues over the decoder's own KV arrays (shared memory)."""
+
+    def __init__(self, dec: Decoder, sessions: list[ort.InferenceSession], seq: int,
+                 kv: list[tuple[ort.OrtValue, ort.OrtValue]]) -> None:  # fmt: skip
+        cfg, ctx = dec.cfg, dec.n_ctx
+        self.embeds = np.zeros((1, seq, cfg.n_embd), np.float32)
+        self.mask = np.full((1, 1, seq, ctx + seq), MASKED, np.float32)
+        self.cos = np.zeros((1, 1, seq, cfg.head_dim), np.float32)
+        self.sin = np.zeros_like(self.cos)
+        shared = [ort.OrtValue.ortvalue_from_numpy(a) for a in (self.mask, self.cos, self.sin)]
+        x = self.embeds
+        self.steps: list[tuple[ort.InferenceSession, ort.IOBinding, list[np.ndarray]]] = []
+        self.keep: list[Any] = [shared]  # the OrtValues the bindings refer to, alive as long as this
+        for part, session in zip(dec.parts, sessions, strict=True):
+            binding = session.io_binding()
+            x_in = ort.OrtValue.ortvalue_from_numpy(x)
+            binding.bind_ortvalue_input(part.input, x_in)
+            if part.layers:
+                for name, value in zip(("attn_mask", "rope_cos", "rope_sin"), shared, strict=True):
+                    binding.bind_ortvalue_input(name, value)
+            for i in part.layers:
+                binding.bind_ortvalue_input(f"past_key_{i}", kv[i][0])
+                binding.bind_ortvalue_input(f"past_value_{i}", kv[i][1])
+            x = np.zeros((1, seq, cfg.n_vocab if part.head else cfg.n_embd), np.float32)
+            kv_shape = (1, cfg.n_head_kv, seq, cfg.head_dim)
+            outs = [x, *(np.zeros(kv_shape, np.float32) for _ in range(2 * len(part.layers)))]
+            out_values = [ort.OrtValue.ortvalue_from_numpy(a) for a in outs]
+            for name, value in zip(dec.outputs[len(self.steps)], out_values, strict=True):
+                binding.bind_ortvalue_output(name, value)
+            self.keep += [x_in, out_values]
+            self.steps.append((session, binding, outs))
+        self.logits = x
+
+
 class Decoder:
     """One sequence's decoder state: the KV buffer and how many positions of it are filled."""
 
     def __init__(self, folder: Path, cfg: DecoderConfig, n_ctx: int, make_session: SessionFactory,
-                 chunk: int = CHUNK) -> None:  # fmt: skip
+                 chunk: int = CHUNK, io_binding: bool = True) -> None:  # fmt: skip
         self.cfg = cfg
         self.n_ctx = n_ctx
         self.chunk = min(chunk, n_ctx)
@@ -102,6 +151,9 @@ class Decoder:
                                 for k, part in enumerate(self.parts)]  # fmt: skip
         self.outputs = [[part.output] + [f"present_{kind}_{i}" for i in part.layers for kind in ("key", "value")]
                         for part in self.parts]  # fmt: skip
+        # IO binding: built on the first step of each shape; None after a failure (plain run from then on).
+        self._chains: dict[int, _BoundChain] | None = {} if io_binding else None
+        self._kv_values: list[tuple[ort.OrtValue, ort.OrtValue]] = []
 
     @property
     def prefill_session(self) -> ort.InferenceSession:
@@ -142,9 +194,52 @@ class Decoder:
         return self._run(self.decode_sessions, [token], 1)
 
     def _run(self, sessions: list[ort.InferenceSession], tokens: list[int], seq: int) -> np.ndarray:
-        n, pos, ctx = len(tokens), self.n_past, self.n_ctx
+        rows = self.embed(tokens)
+        if self._chains is not None:
+            try:
+                return self._run_bound(sessions, rows, seq)
+            except Exception as e:  # noqa: BLE001 - an EP that refuses the bound buffers: plain runs from now on
+                log.warning("npu io binding failed; running without it", error=f"{type(e).__name__}: {e}")
+                self._chains = None
+        return self._run_plain(sessions, rows, seq)
+
+    @property
+    def bound(self) -> bool:
+        """Whether the steps run with IO binding (not asked for, or it failed: plain `run`)."""
+        return self._chains is not None
+
+    def _run_bound(self, sessions: list[ort.InferenceSession], rows: np.ndarray, seq: int) -> np.ndarray:
+        """_run_plain's step over buffers bound once. A failure part-way leaves n_past as it was, and
+        the K/V written for pos..pos+n are written again, the same, by the plain path's retry."""
+        assert self._chains is not None
+        chain = self._chains.get(id(sessions[0]))  # a chain per shape (its sessions)
+        if chain is None:
+            if not self._kv_values:
+                self._kv_values = [(ort.OrtValue.ortvalue_from_numpy(k), ort.OrtValue.ortvalue_from_numpy(v))
+                                   for k, v in zip(self.keys, self.values, strict=True)]  # fmt: skip
+            chain = self._chains[id(sessions[0])] = _BoundChain(self, sessions, seq, self._kv_values)
+        n, pos, ctx = len(rows), self.n_past, self.n_ctx
+        chain.embeds[0, :n] = rows
+        chain.embeds[0, n:] = 0.0
+        chain.mask.fill(MASKED)
+        chain.mask[0, 0, :, :pos] = 0.0
+        chain.mask[0, 0, :, ctx:] = np.triu(np.full((seq, seq), MASKED, np.float32), k=1)
+        chain.cos.fill(0.0)
+        chain.sin.fill(0.0)
+        chain.cos[0, 0, :n], chain.sin[0, 0, :n] = self.cos[pos : pos + n], self.sin[pos : pos + n]
+        for part, (session, binding, outs) in zip(self.parts, chain.steps, strict=True):
+            session.run_with_iobinding(binding)
+            for j, i in enumerate(part.layers):
+                self.keys[i][:, :, pos : pos + n] = outs[1 + 2 * j][:, :, :n]
+                self.values[i][:, :, pos : pos + n] = outs[2 + 2 * j][:, :, :n]
+        self.n_past = pos + n
+        return chain.logits[0, n - 1].copy()  # the buffer is the next step's
+
+    def _run_plain(self, sessions: list[ort.InferenceSession], rows: np.ndarray, seq: int) -> np.ndarray:
+        """`rows`: the new tokens' embeddings [n, n_embd]."""
+        n, pos, ctx = len(rows), self.n_past, self.n_ctx
         embeds = np.zeros((1, seq, self.cfg.n_embd), np.float32)  # padding rows: zeros, masked and dropped
-        embeds[0, :n] = self.embed(tokens)
+        embeds[0, :n] = rows
         mask = np.full((1, 1, seq, ctx + seq), MASKED, np.float32)
         mask[0, 0, :, :pos] = 0.0  # every row sees the filled past
         mask[0, 0, :, ctx:] = np.triu(np.full((seq, seq), MASKED, np.float32), k=1)  # causal among the new
