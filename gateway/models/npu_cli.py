@@ -96,6 +96,8 @@ def _plan(args: argparse.Namespace) -> int:
 
 
 def _compile(args: argparse.Namespace) -> int:
+    if args.nctx < 1:
+        raise SystemExit(f"error: --nctx must be 1 or more, not {args.nctx}")
     data_dir = args.data_dir if args.data_dir is not None else default_data_dir()
     try:
         entry = ModelStore(data_dir).resolve(args.model)
@@ -109,7 +111,11 @@ def _compile(args: argparse.Namespace) -> int:
     if args.soc:
         env["GENIEX_QNN_SOC_MODEL"] = str(npu_plan.SOCS[args.soc].soc_model)
     soc = npu_plan.SOCS[args.soc] if args.soc else npu_plan.detect_soc(env)[0]
-    plan = npu_plan.plan(npu_shape(entry.path), soc, args.nctx, shared_weights=False)
+    try:
+        shape = npu_shape(entry.path)
+    except (OSError, ValueError, struct.error, KeyError) as exc:  # a truncated or corrupt header
+        raise SystemExit(f"error: {entry.id}: not a readable GGUF header ({exc})") from None
+    plan = npu_plan.plan(shape, soc, args.nctx, shared_weights=False)
     if not plan.fits:
         print(f"error: {entry.id} does not fit the {soc.title}: {plan.why_not}", file=sys.stderr)
         return 1

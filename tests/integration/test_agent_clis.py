@@ -34,6 +34,8 @@ TURN_TIMEOUT_S = 300  # a CLI's first request is 1,200 to 4,500 prompt tokens, o
 # half to read (9,100 in all); a model instructions file of one line is Codex's way to replace them,
 # and without its goal tools (800 tokens) the request still holds its namespace and web search.
 CODEX_INSTRUCTIONS = "You are a coding agent in a terminal. Answer briefly."
+# How Codex ends a turn whose response came back `incomplete` at the token limit.
+LENGTH_LIMITED = "Incomplete response returned, reason: max_output_tokens"
 
 
 @pytest.fixture(scope="module")
@@ -52,10 +54,12 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
         yield srv
 
 
-def run(cmd: list[str], env: dict[str, str], cwd: Path) -> subprocess.CompletedProcess[str]:
+def run(cmd: list[str], env: dict[str, str], cwd: Path, *, check: bool = True) -> subprocess.CompletedProcess[str]:
     done = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=cwd, timeout=TURN_TIMEOUT_S,
                           stdin=subprocess.DEVNULL)  # fmt: skip
-    assert done.returncode == 0, f"{cmd[0]} exited {done.returncode}:\n{done.stdout[-4000:]}\n{done.stderr[-4000:]}"
+    assert done.returncode == 0 or not check, (
+        f"{cmd[0]} exited {done.returncode}:\n{done.stdout[-4000:]}\n{done.stderr[-4000:]}"
+    )
     return done
 
 
@@ -69,8 +73,8 @@ def workdir(tmp_path: Path) -> Path:
 def test_codex_exec_completes_a_turn_over_responses(clis: agent_clis.Clis, server: ServerProcess,
                                                     tmp_path: Path) -> None:  # fmt: skip
     cwd = workdir(tmp_path)
-    # Codex's own retries stay on, as a user has them: a sampled answer that runs to the end of the
-    # context comes back `incomplete`, which Codex retries as a broken stream.
+    # Codex's own retries stay on, as a user has them. A sampled answer that runs to the token limit
+    # comes back `incomplete`, and Codex ends the turn with LENGTH_LIMITED.
     provider = f'{{name="GenieX", base_url="{server.base_url}/v1", wire_api="responses", env_key="GENIEX_KEY"}}'
     instructions = tmp_path / "home" / "instructions.md"
     instructions.write_text(CODEX_INSTRUCTIONS)
@@ -78,13 +82,20 @@ def test_codex_exec_completes_a_turn_over_responses(clis: agent_clis.Clis, serve
     done = run([str(clis.bin / "codex"), "exec", "--json", "--skip-git-repo-check", "--ephemeral", "--sandbox",
                 "read-only", "-c", "model_provider=geniex", "-c", f"model_providers.geniex={provider}",
                 "-c", f'model_instructions_file="{instructions}"', "--disable", "goals", "-m", MODEL, PROMPT],
-               env, cwd)  # fmt: skip
+               env, cwd, check=False)  # fmt: skip
     events = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
     kinds = [e.get("type") for e in events]
-    assert "turn.completed" in kinds and "turn.failed" not in kinds and "error" not in kinds, done.stdout[-4000:]
-    answers = [e["item"] for e in events if e.get("type") == "item.completed" and
-               e.get("item", {}).get("type") == "agent_message"]  # fmt: skip
-    assert answers and answers[-1].get("text"), done.stdout[-4000:]
+    failed = [e for e in events if e.get("type") == "turn.failed"]
+    if failed and failed[0].get("error", {}).get("message") == LENGTH_LIMITED:
+        # The sampled answer ran to the token limit (the 135M model rambles, now and then): the server
+        # sent a well-formed `incomplete` response, which Codex reports as such rather than retrying.
+        assert done.returncode == 1 and "error" not in kinds, done.stdout[-4000:]
+    else:
+        assert done.returncode == 0, f"codex exited {done.returncode}:\n{done.stdout[-4000:]}\n{done.stderr[-4000:]}"
+        assert "turn.completed" in kinds and not failed and "error" not in kinds, done.stdout[-4000:]
+        answers = [e["item"] for e in events if e.get("type") == "item.completed" and
+                   e.get("item", {}).get("type") == "agent_message"]  # fmt: skip
+        assert answers and answers[-1].get("text"), done.stdout[-4000:]
     # Codex offers OpenAI's hosted web search beside its functions: served without it, and said so.
     assert "tools not offered" in server.log() and "web_search" in server.log()
 

@@ -107,3 +107,23 @@ def test_the_npu_worker_refuses_what_cannot_fit_before_converting_anything(tmp_p
     with pytest.raises(NpuUnavailable, match=r"cut\.gguf: the GGUF header cannot be read"):
         check_fits(str(tmp_path / "cut.gguf"), 1024)
     assert not list(tmp_path.glob("*/npu.json")), "nothing was converted"
+
+
+def test_compile_refuses_what_cannot_fit_before_building_anything(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    big = _header_only_gguf(tmp_path / "8b.gguf", LLAMA_8B)
+    pulled = subprocess.run([sys.executable, "-m", "gateway.cli", "pull", "test/big:Q4_0", "--local", str(big),
+                             "--data-dir", str(data)], capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert pulled.returncode == 0, pulled.stderr
+
+    def compile_(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "gateway.cli", "npu", "compile", "test/big:Q4_0", "--data-dir",
+                               str(data), *args], capture_output=True, text=True, timeout=60)  # fmt: skip
+
+    refused = compile_("--soc", "x-elite")
+    assert refused.returncode == 1 and "does not fit the Snapdragon X Elite" in refused.stderr, refused.stderr
+    assert not (data / "npu").exists(), "nothing was converted"
+    assert compile_("--nctx", "0").returncode != 0
+    (tmp_path / "out").mkdir()
+    taken = compile_("--bundle", str(tmp_path / "out"))
+    assert taken.returncode != 0 and "already exists" in taken.stderr
