@@ -14,6 +14,7 @@ imports, and is converted and compiled on the device when first loaded on the NP
 
 from __future__ import annotations
 
+import importlib.metadata
 from pathlib import Path
 
 import msgspec
@@ -84,3 +85,12 @@ def mismatch(bundle: Bundle, *, soc: str, qnn_version: str, converter_version: i
     if bundle.qnn_version != qnn_version:
         return f"it was compiled with onnxruntime-qnn {bundle.qnn_version} and this server has {qnn_version or 'none'}"
     return None
+
+
+def qnn_version() -> str:
+    """The installed QNN plugin's version ("" where there is none), read without importing it: what
+    a bundle records and what its import is checked against."""
+    try:
+        return importlib.metadata.version("onnxruntime-qnn")
+    except importlib.metadata.PackageNotFoundError:
+        return ""

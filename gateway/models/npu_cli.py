@@ -6,7 +6,6 @@ as a bundle for another machine; `geniex pull NAME --local BUNDLE` imports one (
 from __future__ import annotations
 
 import argparse
-import importlib.metadata
 import json
 import os
 import shutil
@@ -129,7 +128,7 @@ def _compile(args: argparse.Namespace) -> int:
 def import_bundle(store: ModelStore, folder: Path, name: str) -> ModelEntry:
     """A bundle's model into the store, and its compiled graphs into the NPU cache beside it. A bundle
     for another SoC, QNN or converter is refused whole (BadRequest naming why, nothing imported)."""
-    from protocol.npu_bundle import GRAPHS_DIR, BundleError, mismatch, read_bundle
+    from protocol.npu_bundle import GRAPHS_DIR, BundleError, mismatch, qnn_version, read_bundle
 
     try:
         bundle = read_bundle(folder)
@@ -160,11 +159,3 @@ def import_bundle(store: ModelStore, folder: Path, name: str) -> ModelEntry:
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return entry
-
-
-def qnn_version() -> str:
-    """The QNN plugin's version, without importing it."""
-    try:
-        return importlib.metadata.version("onnxruntime-qnn")
-    except importlib.metadata.PackageNotFoundError:
-        return ""

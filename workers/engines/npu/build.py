@@ -6,7 +6,6 @@ load would, and optionally write them out as a bundle for another machine (proto
 from __future__ import annotations
 
 import argparse
-import importlib.metadata
 import shutil
 import sys
 import tempfile
@@ -17,18 +16,11 @@ import structlog
 
 from protocol import npu_plan
 from protocol.logs import configure_logging
-from protocol.npu_bundle import BUNDLE_FILE, GRAPHS_DIR, Bundle
+from protocol.npu_bundle import BUNDLE_FILE, GRAPHS_DIR, Bundle, qnn_version
 from protocol.npu_cache import CONVERTER_VERSION
 from protocol.worker_args import WorkerArgs
 
 log = structlog.get_logger("worker.npu.build")
-
-
-def qnn_version() -> str:
-    try:
-        return importlib.metadata.version("onnxruntime-qnn")
-    except importlib.metadata.PackageNotFoundError:
-        return ""
 
 
 def write_bundle(folder: Path, gguf: Path, out: Path, name: str, soc: str, nctx: int) -> Bundle:
