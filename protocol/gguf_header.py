@@ -122,10 +122,10 @@ def read_gguf(path: str) -> Header:
     return Header(out, tensors, data_start, file_size)
 
 
-def npu_shape(path: str) -> Shape:
-    """A decoder GGUF's shape for the NPU plan (protocol/npu_plan.py), from its header alone;
-    ValueError when the header lacks what the plan needs."""
-    meta = read_gguf_numbers(path)
+def npu_shape(path: str, header: Header | None = None) -> Shape:
+    """A decoder GGUF's shape for the NPU plan (protocol/npu_plan.py), from its header alone (read
+    here unless the caller has it); ValueError when the header lacks what the plan needs."""
+    meta = (header or read_gguf(path)).meta
 
     def value(suffix: str, default: float | None = None) -> int:
         found = next((v for k, v in meta.items() if k.endswith(suffix) and isinstance(v, int | float)), default)

@@ -33,7 +33,7 @@ import numpy as np
 import structlog
 
 from protocol import npu_plan
-from protocol.gguf_header import npu_shape
+from protocol.gguf_header import Header, npu_shape
 from protocol.npu_cache import NPU_DIR
 from protocol.wire import (
     PROTOCOL_VERSION,
@@ -77,11 +77,11 @@ class NpuUnavailable(Exception):
     """The NPU cannot run this model here; the worker runs it on the CPU instead."""
 
 
-def check_fits(gguf_path: str, nctx: int) -> npu_plan.Plan:
+def check_fits(gguf_path: str, nctx: int, header: Header | None = None) -> npu_plan.Plan:
     """Refuse a model the NPU cannot hold before converting or compiling anything (a compile that
     ran for minutes and then failed, or swapped the laptop, would be the alternative)."""
     try:
-        shape = npu_shape(gguf_path)
+        shape = npu_shape(gguf_path, header)
     except (OSError, ValueError, KeyError, struct.error) as exc:
         raise NpuUnavailable(f"{gguf_path}: the GGUF header cannot be read ({exc})") from None
     soc, how = npu_plan.detect_soc()
@@ -192,11 +192,11 @@ class NpuChatEngine(VocabTokens):
             if why is not None:
                 raise NpuUnavailable(why)
         try:
-            check_gguf(opts.model_path)  # a truncated or inconsistent file: the reason, not a numpy error
+            header = check_gguf(opts.model_path)  # a truncated or inconsistent file: the reason, not a numpy error
         except ConversionError as exc:
             raise NpuUnavailable(str(exc)) from None
         if not cpu_threads:
-            check_fits(opts.model_path, min(opts.nctx or NPU_MAX_CTX, NPU_MAX_CTX))
+            check_fits(opts.model_path, min(opts.nctx or NPU_MAX_CTX, NPU_MAX_CTX), header)
         try:
             folder = cached_or_convert(opts.model_path, cache_dir(opts), progress=lambda m: log.info(m))
         except ConversionError as exc:

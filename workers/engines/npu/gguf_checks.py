@@ -9,16 +9,19 @@ import math
 import re
 import struct
 
-from protocol.gguf_header import read_gguf
+from protocol.gguf_header import Header, read_gguf
 from workers.engines.npu.convert import ConversionError
 
 _LAYER = re.compile(r"blk\.(\d+)\.(\w+)\.weight")
-# Matrices that read the residual stream (their inner dimension is the width), and those that write it.
-_READS = frozenset({"attn_q", "attn_k", "attn_v", "attn_qkv", "ffn_gate", "ffn_up"})
+# Matrices whose inner dimension is the width (they read the residual stream, or are the token table
+# and the head), those whose outer one is (they write it), and the width-long norms.
+_READS = frozenset({"attn_q", "attn_k", "attn_v", "attn_qkv", "ffn_gate", "ffn_up", "token_embd", "output"})
 _WRITES = frozenset({"attn_output", "ffn_down"})
+_NORMS = frozenset({"attn_norm", "ffn_norm", "output_norm"})
 
 
-def check_gguf(path: str) -> None:
+def check_gguf(path: str) -> Header:
+    """The header of a GGUF the converter may read (see above)."""
     from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
     try:
@@ -46,12 +49,11 @@ def check_gguf(path: str) -> None:
         if match is not None and int(match[1]) >= n_layer:
             raise ConversionError(f"{path}: tensor {t.name}, but the header says {n_layer} layers")
         kind = match[2] if match is not None else t.name.removesuffix(".weight")
-        if (kind in _READS or kind in ("token_embd", "output")) and t.dims[0] != n_embd:
-            wrong = True
-        elif kind in _WRITES and (len(t.dims) != 2 or t.dims[1] != n_embd):
-            wrong = True
-        else:
-            wrong = kind in ("attn_norm", "ffn_norm", "output_norm") and t.dims != (n_embd,)
-        if wrong:
+        if (
+            (kind in _READS and t.dims[0] != n_embd)
+            or (kind in _WRITES and t.dims[1:] != (n_embd,))
+            or (kind in _NORMS and t.dims != (n_embd,))
+        ):
             raise ConversionError(f"{path}: tensor {t.name} is {' x '.join(map(str, t.dims))}, which disagrees "
                                   f"with the header's width ({arch}.embedding_length {n_embd})")  # fmt: skip
+    return header
