@@ -123,3 +123,45 @@ def llama_shaped_gguf(path: Path, *, n_layer: int = 16, n_embd: int = 2048, n_he
         w.write_tensor_data(data(rows, cols, qtype))
     w.close()
     return str(path)
+
+
+class TinyGGUF:
+    """A small random decoder GGUF being written: the common header keys set, the bundled model's
+    tokenizer copied in (llama.cpp needs one) unless `tokenizer` is false; the caller adds its
+    architecture's own keys on `w`, its tensors with `tensor`, then calls `write`."""
+
+    def __init__(self, path: Path, arch: str, *, n_layer: int, n_embd: int, n_ff: int, n_head: int, n_kv: int,
+                 seed: int = 0, tokenizer: bool = True) -> None:  # fmt: skip
+        import gguf
+        import numpy as np
+
+        self.path = path
+        self.rng = np.random.default_rng(seed)
+        self.w = w = gguf.GGUFWriter(str(path), arch)
+        w.add_block_count(n_layer)
+        w.add_context_length(256)
+        w.add_embedding_length(n_embd)
+        w.add_feed_forward_length(n_ff)
+        w.add_head_count(n_head)
+        w.add_head_count_kv(n_kv)
+        if tokenizer:
+            src = gguf.GGUFReader(bundled_gguf())
+            w.add_tokenizer_model("gpt2")
+            w.add_tokenizer_pre("smollm")
+            for key, add in (("tokens", w.add_token_list), ("token_type", w.add_token_types),
+                             ("merges", w.add_token_merges)):  # fmt: skip
+                add(src.fields[f"tokenizer.ggml.{key}"].contents())
+            w.add_bos_token_id(1)
+            w.add_eos_token_id(2)
+
+    def tensor(self, name: str, *shape: int, scale: float = 0.2, base: float = 0.0) -> None:
+        import numpy as np
+
+        self.w.add_tensor(name, (base + scale * self.rng.standard_normal(shape)).astype(np.float32))
+
+    def write(self) -> str:
+        self.w.write_header_to_file()
+        self.w.write_kv_data_to_file()
+        self.w.write_tensors_to_file()
+        self.w.close()
+        return str(self.path)

@@ -12,7 +12,7 @@ import llama_cpp as L
 import numpy as np
 import pytest
 
-from tests.npu_models import bundled_gguf, quantize
+from tests.npu_models import TinyGGUF, quantize
 from workers.engines.npu.convert import SUPPORTED_ARCHS, ConversionError, convert
 from workers.engines.npu.decoder import Decoder, cpu_session_factory
 
@@ -29,32 +29,14 @@ def random_gguf(path: Path, arch: str, *, head_dim: int = N_EMBD // N_HEAD, tied
     `key_length`) free of n_embd / n_head as in Qwen3-0.6B; phi3: the fused `attn_qkv` (Q's rows,
     K's, V's) and the fused `ffn_up` (the gate's rows, then the up rows), no `ffn_gate`. `extra`
     tensors (a name each) are added as [head_dim / 2] vectors of ones."""
-    import gguf
-
-    src = gguf.GGUFReader(bundled_gguf())
-    rng = np.random.default_rng(1)
     q_dim, kv_dim = N_HEAD * head_dim, N_KV * head_dim
-    w = gguf.GGUFWriter(str(path), arch)
-    w.add_block_count(N_LAYER)
-    w.add_context_length(256)
-    w.add_embedding_length(N_EMBD)
-    w.add_feed_forward_length(N_FF)
-    w.add_head_count(N_HEAD)
-    w.add_head_count_kv(N_KV)
+    g = TinyGGUF(path, arch, n_layer=N_LAYER, n_embd=N_EMBD, n_ff=N_FF, n_head=N_HEAD, n_kv=N_KV, seed=1)
+    w, t = g.w, g.tensor
     w.add_key_length(head_dim)
     w.add_value_length(head_dim)
     w.add_rope_dimension_count(head_dim)
     w.add_rope_freq_base(1000000.0 if arch == "qwen3" else 10000.0)
     w.add_layer_norm_rms_eps(1e-6 if arch == "qwen3" else 1e-5)
-    w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre("smollm")
-    for key, add in (("tokens", w.add_token_list), ("token_type", w.add_token_types), ("merges", w.add_token_merges)):
-        add(src.fields[f"tokenizer.ggml.{key}"].contents())
-    w.add_bos_token_id(1)
-    w.add_eos_token_id(2)
-
-    def t(name: str, *shape: int, scale: float = 0.2, base: float = 0.0) -> None:
-        w.add_tensor(name, (base + scale * rng.standard_normal(shape)).astype(np.float32))
 
     t("token_embd.weight", N_VOCAB, N_EMBD, scale=1.0)
     t("output_norm.weight", N_EMBD, scale=0.1, base=1.0)
@@ -79,11 +61,7 @@ def random_gguf(path: Path, arch: str, *, head_dim: int = N_EMBD // N_HEAD, tied
             t(p + "ffn_up.weight", N_FF, N_EMBD)
         t(p + "attn_output.weight", N_EMBD, q_dim)
         t(p + "ffn_down.weight", N_EMBD, N_FF)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return str(path)
+    return g.write()
 
 
 def max_logit_difference(path: str, folder: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[float, float]:

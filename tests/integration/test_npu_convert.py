@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from protocol.worker_args import WorkerArgs
-from tests.npu_models import bundled_gguf, converted, converted_copy, progress, quantize
+from tests.npu_models import TinyGGUF, bundled_gguf, converted, converted_copy, progress, quantize
 from workers.engines.npu.convert import DecoderConfig
 from workers.engines.npu.decoder import Decoder, TokenEmbeddings, cpu_session_factory
 
@@ -173,31 +173,12 @@ def test_without_an_npu_the_worker_runs_the_model_on_the_cpu_and_says_why(
 def tiny_gguf(path: Path, arch: str) -> str:
     """A random 2-layer model of `arch` with the bundled model's tokenizer (llama.cpp needs one),
     biased Q/K/V and an untied output head: the parts a real model of that family has."""
-    import gguf
-
-    src = gguf.GGUFReader(bundled_gguf())
-    rng = np.random.default_rng(0)
     n_vocab, n_embd, n_head, n_kv, n_ff, n_layer = 49152, 64, 4, 2, 96, 2
     kv_dim = n_kv * n_embd // n_head
-    w = gguf.GGUFWriter(str(path), arch)
-    w.add_block_count(n_layer)
-    w.add_context_length(256)
-    w.add_embedding_length(n_embd)
-    w.add_feed_forward_length(n_ff)
-    w.add_head_count(n_head)
-    w.add_head_count_kv(n_kv)
-    w.add_rope_freq_base(10000.0)
-    w.add_layer_norm_rms_eps(1e-6)
-    w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre("smollm")
-    for key, add in (("tokens", w.add_token_list), ("token_type", w.add_token_types), ("merges", w.add_token_merges)):
-        add(src.fields[f"tokenizer.ggml.{key}"].contents())
-    w.add_bos_token_id(1)
-    w.add_eos_token_id(2)
-
-    def t(name: str, *shape: int, scale: float = 0.2, base: float = 0.0) -> None:
-        w.add_tensor(name, (base + scale * rng.standard_normal(shape)).astype(np.float32))
-
+    g = TinyGGUF(path, arch, n_layer=n_layer, n_embd=n_embd, n_ff=n_ff, n_head=n_head, n_kv=n_kv)
+    g.w.add_rope_freq_base(10000.0)
+    g.w.add_layer_norm_rms_eps(1e-6)
+    t = g.tensor
     t("token_embd.weight", n_vocab, n_embd, scale=1.0)
     t("output_norm.weight", n_embd, scale=0.1, base=1.0)
     t("output.weight", n_vocab, n_embd)
@@ -212,11 +193,7 @@ def tiny_gguf(path: Path, arch: str) -> str:
         t(p + "ffn_gate.weight", n_ff, n_embd)
         t(p + "ffn_up.weight", n_ff, n_embd)
         t(p + "ffn_down.weight", n_embd, n_ff)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return str(path)
+    return g.write()
 
 
 def test_a_qwen2_model_converts_exactly(tmp_path: Path, tmp_path_factory: pytest.TempPathFactory) -> None:

@@ -8,30 +8,18 @@ from __future__ import annotations
 import struct
 from pathlib import Path
 
-import gguf
-import numpy as np
 import pytest
 
-from tests.npu_models import bundled_gguf
+from tests.npu_models import TinyGGUF, bundled_gguf
 from workers.engines.npu.convert import ConversionError
 from workers.engines.npu.gguf_checks import check_gguf
 
 
 def _tiny(path: Path, header_width: int = 64) -> Path:
     """A random 2-layer llama of width 64 whose header may claim another width."""
-    rng = np.random.default_rng(0)
     n_embd, n_ff, n_vocab = 64, 96, 256
-    w = gguf.GGUFWriter(str(path), "llama")
-    w.add_block_count(2)
-    w.add_context_length(256)
-    w.add_embedding_length(header_width)
-    w.add_feed_forward_length(n_ff)
-    w.add_head_count(4)
-    w.add_head_count_kv(2)
-
-    def t(name: str, *shape: int) -> None:
-        w.add_tensor(name, (0.2 * rng.standard_normal(shape)).astype(np.float32))
-
+    g = TinyGGUF(path, "llama", n_layer=2, n_embd=header_width, n_ff=n_ff, n_head=4, n_kv=2, tokenizer=False)
+    t = g.tensor
     t("token_embd.weight", n_vocab, n_embd)
     t("output_norm.weight", n_embd)
     for i in range(2):
@@ -43,10 +31,7 @@ def _tiny(path: Path, header_width: int = 64) -> Path:
         t(p + "ffn_gate.weight", n_ff, n_embd)
         t(p + "ffn_up.weight", n_ff, n_embd)
         t(p + "ffn_down.weight", n_embd, n_ff)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+    g.write()
     return path
 
 
