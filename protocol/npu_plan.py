@@ -29,6 +29,9 @@ Q4_BYTES = 20 / 32
 Q8_BYTES = 36 / 32
 # A part's weights: under the 2 GB binary limit with room for the graph and its activations.
 PART_LIMIT = 1_500_000_000
+# The KV buffer the NPU graph attends over on every step (its `past`): all of it crosses to the NPU
+# each step, so the NPU chat worker caps its context well below what the CPU engine offers.
+NPU_MAX_CTX = 1024
 
 
 class Soc(NamedTuple):
@@ -177,3 +180,15 @@ def plan(shape: Shape, soc: Soc, nctx: int, *, shared_weights: bool) -> Plan:
                f", and {shape.kv_bytes(nctx) / GB:.2f} GB of KV cache at nctx {nctx}), over the about "
                f"{soc.process_limit / GB:.2f} GB one process may use on the {soc.title}")  # fmt: skip
     return Plan(soc.name, shape.params, parts, weights, shared_weights, process, binary, why)
+
+
+def npu_nctx(nctx: int | None) -> int:
+    """The context the NPU chat worker runs for an asked `nctx` (0 or None: its cap)."""
+    return min(nctx or NPU_MAX_CTX, NPU_MAX_CTX)
+
+
+def plan_here(shape: Shape, nctx: int | None) -> tuple[Plan, str]:
+    """The plan for serving `shape` on this machine's SoC at the worker's context, and how the SoC
+    was found. Built on the device, each context binary (prefill, decode) holds its own weights."""
+    soc, how = detect_soc()
+    return plan(shape, soc, npu_nctx(nctx), shared_weights=False), how

@@ -18,10 +18,18 @@ from gateway.chat.shape import ChoiceShaper
 from protocol.chat import ChatCompletion, ChatRequest
 
 KEEP_CACHE_HEADER = "geniex-keepcache"
+# `false`: run on the asked `compute` unit or answer 400 with the reason, never on the CPU instead.
+COMPUTE_FALLBACK_HEADER = "geniex-compute-fallback"
 
 
 def header_true(request: Request, name: str) -> bool:
     return request.headers.get(name, "").strip().lower() in ("1", "true", "yes")
+
+
+def header_flag(request: Request, name: str) -> bool | None:
+    """A yes/no header; None when absent or neither."""
+    value = request.headers.get(name, "").strip().lower()
+    return True if value in ("1", "true", "yes") else False if value in ("0", "false", "no") else None
 
 
 @post("/v1/chat/completions", status_code=200)
@@ -39,7 +47,8 @@ async def chat_completions(request: Request, body: RawBody,
     worker = await completion.guard(services.worker(entry, nctx=data.nctx, compute=data.compute, ngl=data.ngl,
                                                     keep_alive=data.keep_alive,
                                                     prompt_chars=prompt_chars(data.messages),
-                                                    draft_path=plan.draft_path))  # fmt: skip
+                                                    draft_path=plan.draft_path,
+                                                    fallback=header_flag(request, COMPUTE_FALLBACK_HEADER)))  # fmt: skip
     if not data.messages:  # warm-up: load the model, answer null
         await worker.warmup()
         return Response(content=b"null", media_type="application/json")

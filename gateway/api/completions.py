@@ -17,6 +17,7 @@ from litestar.response import ServerSentEvent
 from gateway.api import relay
 from gateway.api.auth import caller_of, tenant_of
 from gateway.api.body import read_json
+from gateway.api.chat import COMPUTE_FALLBACK_HEADER, header_flag
 from gateway.api.disconnect import unless_disconnected
 from gateway.api.encoding import encode
 from gateway.api.request_id import current_request_id
@@ -92,7 +93,8 @@ async def completions(
     acct = relay.Completion(entry.id, accounting, total, data.n, id_prefix="cmpl")
     longest = max(len(p) for p in prompts) + len(data.suffix or "")
     worker = await acct.guard(services.worker(entry, nctx=data.nctx, compute=data.compute, ngl=data.ngl,
-                                              keep_alive=data.keep_alive, prompt_chars=longest))  # fmt: skip
+                                              keep_alive=data.keep_alive, prompt_chars=longest,
+                                              fallback=header_flag(request, COMPUTE_FALLBACK_HEADER)))  # fmt: skip
     # Choice i is prompt i // n, sample i % n of it.
     generations = [seeded(msgspec.structs.replace(base, prompt=prompts[i // data.n]), i % data.n) for i in range(total)]
     merged = relay.fan_out(worker, generations)

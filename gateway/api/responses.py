@@ -19,7 +19,7 @@ from litestar.response import ServerSentEvent
 from gateway.api import relay
 from gateway.api.auth import caller_of, tenant_of
 from gateway.api.body import read_json
-from gateway.api.chat import KEEP_CACHE_HEADER, header_true
+from gateway.api.chat import COMPUTE_FALLBACK_HEADER, KEEP_CACHE_HEADER, header_flag, header_true
 from gateway.api.disconnect import unless_disconnected
 from gateway.api.request_id import current_request_id
 from gateway.api.responses_stream import sse
@@ -92,7 +92,8 @@ async def create_response(request: Request, body: RawBody,
     completion = relay.Completion(entry.id, accounting, id_prefix="resp")
     worker = await completion.guard(services.worker(entry, nctx=data.nctx, compute=data.compute,
                                                     keep_alive=data.keep_alive,
-                                                    prompt_chars=prompt_chars(req.messages)))  # fmt: skip
+                                                    prompt_chars=prompt_chars(req.messages),
+                                                    fallback=header_flag(request, COMPUTE_FALLBACK_HEADER)))  # fmt: skip
     shaper = ChoiceShaper(0, plan.shape, worker.ready_info.tool_format if worker.ready_info else "")
     sampling = plan.generate.sampling
     response_id = "resp_" + completion.id.rpartition("-")[2]

@@ -26,6 +26,7 @@ from gateway.ops.ledger import Ledger
 from gateway.ops.limits import KeyLimiter
 from gateway.ops.metrics import Metrics
 from gateway.ops.settings import Settings
+from gateway.supervisor.compute import why_not_exactly
 from gateway.supervisor.handle import WorkerHandle
 from gateway.supervisor.memory import trained_context, worker_engine
 from gateway.supervisor.pool import WorkerPool
@@ -84,17 +85,28 @@ class Services:
 
     async def worker(self, entry: ModelEntry, *, nctx: int | None = None, compute: str | None = None,
                      ngl: int | None = None, keep_alive: float | None = None,
-                     prompt_chars: int = 0, draft_path: str = "", claim: bool = True) -> WorkerHandle:  # fmt: skip
+                     prompt_chars: int = 0, draft_path: str = "", claim: bool = True,
+                     fallback: bool | None = None) -> WorkerHandle:  # fmt: skip
         """The worker for this model and these per-request settings, started if need be; the
         request's log lines name it from here on. A request that asks for more context than it
         may, or whose prompt (`prompt_chars` of text) cannot fit, is refused before any load.
-        `claim`: false for a load that sends the worker nothing (see WorkerHandle.claim)."""
+        `claim`: false for a load that sends the worker nothing (see WorkerHandle.claim).
+        `fallback`: false refuses (400) a compute unit that cannot be had as asked instead of running
+        on the CPU (None: the server's `--no-compute-fallback`)."""
         nctx = nctx or None  # 0: the server's default, as absent
         key = self.pool.key_for(entry, nctx, compute, ngl)
         if nctx is not None:
             check_nctx(nctx, entry, self.settings.max_nctx)
         check_prompt_chars(prompt_chars, key.nctx)
+        requested = compute or self.settings.compute
+        strict = bool(requested) and not (self.settings.compute_fallback if fallback is None else fallback)
+        if strict and requested and (why := why_not_exactly(requested, worker_engine(entry), entry.path, key.nctx)):
+            raise BadRequest(why)
         worker = await self.pool.get(key, entry, claim=claim)
+        if strict and worker.ready_info is not None and worker.ready_info.fallback:
+            if claim:
+                self.pool.claims.release(key)
+            raise BadRequest(f"`compute`: {requested} is not available for this model: {worker.ready_info.fallback}")
         await self.pool.add_draft(worker, draft_path)
         structlog.contextvars.bind_contextvars(model=entry.id, worker_pid=worker.pid)
         if keep_alive is not None:

@@ -75,6 +75,11 @@ class Settings(msgspec.Struct, kw_only=True):
         "`cpu`, `gpu`, `npu`, `hybrid` (any case; anything else, from the flag or `GENIEX_COMPUTE`, stops the start); "
         "an unavailable unit falls back to CPU with a warning (by default the CPU)",
         "workers", choices=("cpu", "gpu", "npu", "hybrid"), lower=True)] = None  # fmt: skip
+    compute_fallback: Annotated[bool, Flag(
+        "refuse (400, with the reason) a request whose `compute` unit cannot be had, instead of running it on "
+        "the CPU: an NPU model too large for the SoC, no NPU, a build without GPU offload "
+        "(`GENIEX_NO_COMPUTE_FALLBACK=1`; one request asks the same with `GenieX-Compute-Fallback: false`)",
+        "workers", option="--no-compute-fallback")] = True  # fmt: skip
     keep_alive_s: Annotated[float, Flag(
         "seconds an idle worker stays loaded (-1: forever, 0: stop after each request); a request's `keep_alive` "
         "overrides it for its model's worker", old="--keepalive")] = 300.0  # fmt: skip

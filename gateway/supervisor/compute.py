@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import functools
+import struct
 
 import structlog
 
-from protocol import engines, qnn
+from protocol import engines, npu_plan, qnn
+from protocol.gguf_header import npu_shape
 from protocol.wire import Ready
 
 log = structlog.get_logger("gateway.supervisor.compute")
@@ -32,30 +34,54 @@ def gpu_offload(engine: str) -> bool | None:
 def resolve_compute(requested: str | None, engine: str) -> str:
     """The unit to run on, by the engine's row of protocol/engines.py; a unit the engine or the host
     cannot honour falls back to the CPU with a warning."""
+    unit, why = choose(requested, engine)
+    if why is not None:
+        _warn_once((requested or "cpu").lower(), engine, why)
+    return unit
+
+
+def choose(requested: str | None, engine: str) -> tuple[str, str | None]:
+    """The unit to run on, and why it is not the one asked for (None when it is, or when `hybrid`
+    runs on the GPU: a hybrid request asks for any accelerator beside the CPU)."""
     row = engines.info(engine)
     if row.remote:  # computed on another machine: no local unit, no share of the cores
-        return "remote"
+        return "remote", None
     unit = (requested or "cpu").lower()
     if unit == "cpu":
-        return "cpu"
+        return "cpu", None
     if row.npu and (unit == "npu" or (unit == "hybrid" and row.hybrid)):
         # QNN runs the engine's graph (a chat GGUF is converted to one by llama_npu); when QNN
         # later refuses the graph, the worker runs on the CPU and says why.
         why = qnn.unavailable_reason()
         if why is None:
-            return unit
+            return unit, None
         if unit == "hybrid" and row.gpu and gpu_offload(engine) is not False:
-            return "gpu"
-        _warn_once(unit, engine, why)
-        return "cpu"
+            return "gpu", None
+        return "cpu", why
     if row.gpu and unit in ("gpu", "hybrid"):
         # Unknown (None): ask for the GPU; a worker whose build has no offload runs on the CPU and says why.
         if gpu_offload(engine) is not False:
-            return "gpu"
-        _warn_once(unit, engine, "this llama.cpp build has no GPU offload")
-        return "cpu"
-    _warn_once(unit, engine, f"engine {engine} has no {unit} support here")
-    return "cpu"
+            return "gpu", None
+        return "cpu", "this llama.cpp build has no GPU offload"
+    return "cpu", f"engine {engine} has no {unit} support here"
+
+
+def why_not_exactly(requested: str, engine: str, model_path: str, nctx: int | None) -> str | None:
+    """Why `requested` cannot be had as asked, for a request that allows no fallback (None: it can,
+    as far as the gateway can tell before a load; a worker that falls back after it says why in its
+    Ready). An NPU chat model that cannot fit the SoC is refused here, naming its size and the limit,
+    before anything is converted or compiled."""
+    unit, why = choose(requested, engine)
+    if why is not None:
+        return f"`compute`: {requested} is not available for this model: {why}"
+    if unit in ("npu", "hybrid") and engines.info(engine).npu == "llama_npu":
+        try:
+            plan, _how = npu_plan.plan_here(npu_shape(model_path), nctx)
+        except (OSError, ValueError, KeyError, struct.error) as exc:
+            return f"`compute`: {requested}: the model's GGUF header cannot be read ({exc})"
+        if not plan.fits:
+            return f"`compute`: {requested}: the model does not fit this NPU: {plan.why_not}"
+    return None
 
 
 @functools.cache

@@ -129,7 +129,6 @@ def estimate_worker_bytes(path: str, total_ctx_tokens: int) -> int:
 NPU_RUNTIME_BYTES = 600 << 20
 NPU_SESSION_FACTOR = 1.5
 NPU_SESSIONS = 2
-NPU_MAX_CTX = 1024  # workers/engines/npu/engine.py caps its KV buffer at this
 
 
 def npu_chat_bytes(path: str, nctx: int) -> int:
@@ -140,5 +139,5 @@ def npu_chat_bytes(path: str, nctx: int) -> int:
     except (OSError, ValueError, KeyError, struct.error):
         return WORKER_OVERHEAD + NPU_RUNTIME_BYTES
     weights = sum(p.weight_bytes for p in npu_plan.split(shape))
-    kv = 2 * shape.kv_bytes(min(nctx, NPU_MAX_CTX))  # fp32 on the host: twice the fp16 the plan counts
+    kv = 2 * shape.kv_bytes(npu_plan.npu_nctx(nctx))  # fp32 on the host: twice the fp16 the plan counts
     return int(weights * NPU_SESSION_FACTOR * NPU_SESSIONS) + NPU_RUNTIME_BYTES + kv + WORKER_OVERHEAD

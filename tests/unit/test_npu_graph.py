@@ -79,7 +79,8 @@ def test_the_cache_key_follows_the_file(tmp_path: Path) -> None:
 
 def test_the_npu_chat_estimate_counts_the_4bit_weights_its_sessions_and_kv() -> None:
     from gateway.models.store import bundled_models
-    from gateway.supervisor.memory import NPU_MAX_CTX, npu_chat_bytes
+    from gateway.supervisor.memory import npu_chat_bytes
+    from protocol.npu_plan import NPU_MAX_CTX
 
     entries = bundled_models()
     if not entries:

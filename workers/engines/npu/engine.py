@@ -68,26 +68,21 @@ from workers.engines.npu.gguf_checks import check_gguf
 log = structlog.get_logger("worker.npu")
 
 DEFAULT_MAX_TOKENS = 2048
-# The KV buffer the graph attends over on every step (its `past`): all of it crosses to the NPU each
-# step, so the context is capped well below what the CPU engine offers.
-NPU_MAX_CTX = 1024
 
 
 class NpuUnavailable(Exception):
     """The NPU cannot run this model here; the worker runs it on the CPU instead."""
 
 
-def check_fits(gguf_path: str, nctx: int, header: Header | None = None) -> npu_plan.Plan:
+def check_fits(gguf_path: str, nctx: int | None, header: Header | None = None) -> npu_plan.Plan:
     """Refuse a model the NPU cannot hold before converting or compiling anything (a compile that
     ran for minutes and then failed, or swapped the laptop, would be the alternative)."""
     try:
         shape = npu_shape(gguf_path, header)
     except (OSError, ValueError, KeyError, struct.error) as exc:
         raise NpuUnavailable(f"{gguf_path}: the GGUF header cannot be read ({exc})") from None
-    soc, how = npu_plan.detect_soc()
-    # Built on this machine, each context binary (prefill, decode) holds its own copy of the weights.
-    plan = npu_plan.plan(shape, soc, nctx, shared_weights=False)
-    log.info("npu plan", soc=soc.name, soc_from=how, parts=len(plan.parts), weights_mb=plan.weight_bytes >> 20,
+    plan, how = npu_plan.plan_here(shape, nctx)
+    log.info("npu plan", soc=plan.soc, soc_from=how, parts=len(plan.parts), weights_mb=plan.weight_bytes >> 20,
              npu_memory_mb=plan.process_bytes >> 20, fits=plan.fits)  # fmt: skip
     if not plan.fits:
         raise NpuUnavailable(plan.why_not)
@@ -196,7 +191,7 @@ class NpuChatEngine(VocabTokens):
         except ConversionError as exc:
             raise NpuUnavailable(str(exc)) from None
         if not cpu_threads:
-            check_fits(opts.model_path, min(opts.nctx or NPU_MAX_CTX, NPU_MAX_CTX), header)
+            check_fits(opts.model_path, opts.nctx, header)
         try:
             folder = cached_or_convert(opts.model_path, cache_dir(opts), progress=lambda m: log.info(m))
         except ConversionError as exc:
@@ -207,7 +202,7 @@ class NpuChatEngine(VocabTokens):
         self.cfg = DecoderConfig.load(folder)
         self.folder = folder
         self.compute = opts.compute
-        self.n_ctx = max(2, min(opts.nctx or NPU_MAX_CTX, NPU_MAX_CTX, self.cfg.n_ctx_train))
+        self.n_ctx = max(2, min(npu_plan.npu_nctx(opts.nctx), self.cfg.n_ctx_train))
         self.builds: list[tuple[str, float, bool]] = []
         profile_dir = tempfile.mkdtemp(prefix="geniex-npu-") if opts.compute == "hybrid" and devices else None
         self.provider = QNN if devices else CPU
