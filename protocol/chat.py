@@ -16,8 +16,8 @@ from protocol.limits import (
     MAX_MESSAGES,
     MAX_TOOLS,
     Count,
-    Int32,
     KeepAlive,
+    Layers,
     PositiveInt,
     Stop,
 )
@@ -105,7 +105,7 @@ class GenerationRequest(msgspec.Struct, kw_only=True):
     user: str | None = None
     # GenieX extensions
     nctx: Count | None = None  # 0 or absent: the server's --nctx (the spec's own example sends 0)
-    ngl: Int32 | None = None  # -1 or 999 (the spec's "all"): every layer
+    ngl: Layers | None = None  # -1 or 999 (the spec's "all"): every layer
     compute: Compute | None = None
     keep_alive: KeepAlive | None = None
     # Prompt caching: a cached prefix is reused only by requests with the same `cache_salt`

@@ -17,6 +17,8 @@ INT32_MAX = 2**31 - 1
 Int32 = Annotated[int, Meta(ge=-(2**31), le=INT32_MAX)]
 Count = Annotated[int, Meta(ge=0, le=INT32_MAX)]  # zero allowed: "no limit" or "none" where a field says so
 PositiveInt = Annotated[int, Meta(ge=1, le=INT32_MAX)]
+# `ngl`, GPU layers: a count, or -1 for all of them (as the spec's 999, or any count past the model's).
+Layers = Annotated[int, Meta(ge=-1, le=INT32_MAX)]
 # Out-of-vocabulary ids are the worker's to refuse, with the vocabulary size in the message.
 TokenId = Int32
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import msgspec
 
 from protocol.chat import Compute
-from protocol.limits import Count, Int32, TokenId
+from protocol.limits import Count, Layers, TokenId
 
 # The most values (rows x width) one answer may carry: 8 MiB as float32 on the wire, and at most
 # about 48 MiB of JSON (24 bytes a value at worst, `-1.2345678901234567e-05,`). Past it, a client
@@ -27,7 +27,7 @@ class LogitsRequest(msgspec.Struct, kw_only=True):
     last_only: bool = False
     top_n: Count = 20
     nctx: Count | None = None  # 0 or absent: the server's --nctx
-    ngl: Int32 | None = None
+    ngl: Layers | None = None
     compute: Compute | None = None
 
 

@@ -16,7 +16,7 @@ from typing import Any, Literal
 
 import msgspec
 
-PROTOCOL_VERSION = 8
+PROTOCOL_VERSION = 9
 
 # The speculation types a worker implements; the gateway refuses every other before sending.
 SpecType = Literal["ngram-simple", "ngram-map-k", "draft-simple"]
@@ -285,6 +285,16 @@ ToWorker = (
 )
 
 
+class Device(msgspec.Struct, frozen=True, omit_defaults=True):
+    """A compute device an engine's build sees (llama.cpp: a ggml backend device)."""
+
+    name: str  # the backend's name for it: "CPU", "Vulkan0", "CUDA0", "HTP0"
+    kind: str  # "cpu", "gpu", "igpu" (a GPU sharing the host's memory), "accel" (an NPU such as HTP)
+    description: str = ""  # e.g. "llvmpipe (LLVM 15.0.6, 256 bits)", "NVIDIA H200"
+    memory_total: int = 0  # bytes; 0 when the backend does not say
+    memory_free: int = 0
+
+
 class Ready(msgspec.Struct, tag="ready", array_like=True, omit_defaults=True):
     """The worker's first message: it has loaded its engine and can serve."""
 
@@ -316,8 +326,12 @@ class Ready(msgspec.Struct, tag="ready", array_like=True, omit_defaults=True):
     # Whether the engine's build can offload to a GPU (llama.cpp: llama_supports_gpu_offload), so
     # the gateway learns it from its workers and imports no engine itself; false when it does not say.
     gpu_offload: bool = False
-    # The backend devices the engine sees, e.g. ["CPU (AMD EPYC)", "CUDA0 (NVIDIA H200)"] ([]: it does not say).
-    devices: list[str] = []
+    # The backend devices the engine's build sees ([]: it does not say), the CPU's included.
+    devices: list[Device] = []
+    # Layers on a GPU or NPU device out of the model's (llama.cpp counts the output layer as one):
+    # `ngl` as the worker applied it, 0 when everything runs on the CPU.
+    offloaded_layers: int = 0
+    n_layers: int = 0
 
 
 class Started(msgspec.Struct, tag="started", array_like=True, omit_defaults=True):

@@ -10,7 +10,7 @@ from litestar.di import NamedDependency
 
 from gateway.api.lifecycle import Lifecycle
 from gateway.api.services import Services
-from protocol.wire import UpstreamHealth
+from protocol.wire import Device, UpstreamHealth
 
 
 class UpstreamInfo(msgspec.Struct):
@@ -41,7 +41,10 @@ class WorkerInfo(msgspec.Struct):
     engine: str | None = None
     provider: str | None = None  # what ran the model, as the worker measured it (e.g. QNNExecutionProvider)
     cpu_features: str | None = None  # what the engine's build uses (llama.cpp: its system info)
-    devices: list[str] = []  # the backend devices the engine's build sees, as its worker reported them
+    devices: list[Device] = []  # the backend devices the engine's build sees, as its worker reported them
+    ngl: int = 0  # the GPU layers asked for (-1, 999: all), as the worker's key has them
+    offloaded_layers: int | None = None  # layers on a GPU/NPU device, of `n_layers` (llama.cpp's count)
+    n_layers: int | None = None
     cache_bytes: int = 0  # host RAM in saved prompt states
     cache_evictions: int = 0
     runs_on: str | None = None  # the unit the worker really runs on (`compute` is the one asked for)
@@ -100,6 +103,9 @@ async def workers(services: NamedDependency[Services]) -> WorkerTable:
                 provider=(h.ready_info.provider or None) if h.ready_info else None,
                 cpu_features=(h.ready_info.cpu_features or None) if h.ready_info else None,
                 devices=h.ready_info.devices if h.ready_info else [],
+                ngl=h.key.ngl,
+                offloaded_layers=h.ready_info.offloaded_layers if h.ready_info and h.ready_info.n_layers else None,
+                n_layers=(h.ready_info.n_layers or None) if h.ready_info else None,
                 cache_bytes=h.cache_bytes,
                 cache_evictions=h.cache_evictions,
                 runs_on=h.ready_info.compute if h.ready_info else None,

@@ -9,26 +9,40 @@ import structlog
 
 from protocol import engines, npu_plan, qnn
 from protocol.gguf_header import npu_shape
-from protocol.wire import Ready
+from protocol.wire import Device, Ready
 
 log = structlog.get_logger("gateway.supervisor.compute")
 
 UNITS = ("cpu", "gpu", "npu", "hybrid")
 
-# Whether each engine's build offloads to a GPU, as its workers' Ready said (by the gateway's name
-# of the engine). The gateway imports no engine, so an engine absent here is unknown until its
-# first worker is ready.
+# What each engine's build can use, as its workers' Ready said (by the gateway's name of the
+# engine): whether it offloads to a GPU, and its devices. The gateway imports no engine, so an
+# engine absent here is unknown until its first worker is ready; one machine, one build: learnt once.
 _gpu_offload: dict[str, bool] = {}
+_devices: dict[str, list[Device]] = {}
 
 
 def learn(engine: str, ready: Ready) -> None:
     """Note what a worker of `engine` said of its build when it became ready."""
     _gpu_offload[engine] = ready.gpu_offload
+    if ready.devices:
+        _devices[engine] = ready.devices
 
 
 def gpu_offload(engine: str) -> bool | None:
     """Whether `engine`'s build offloads to a GPU; None while no worker of it has said."""
     return _gpu_offload.get(engine)
+
+
+def devices(engine: str) -> list[Device]:
+    """The devices `engine`'s build sees ([] while no worker of it has said)."""
+    return _devices.get(engine, [])
+
+
+def has_htp(engine: str) -> bool:
+    """Whether `engine` is llama.cpp built with its Hexagon backend, an HTP device seen: then a GGUF
+    on `compute: npu` runs there, not through the ONNX/QNN conversion."""
+    return any(d.name.upper().startswith("HTP") for d in devices(engine))
 
 
 def resolve_compute(requested: str | None, engine: str) -> str:
@@ -49,6 +63,8 @@ def choose(requested: str | None, engine: str) -> tuple[str, str | None]:
     unit = (requested or "cpu").lower()
     if unit == "cpu":
         return "cpu", None
+    if unit == "npu" and has_htp(engine):  # llama.cpp's own NPU backend
+        return "npu", None
     if row.npu and (unit == "npu" or (unit == "hybrid" and row.hybrid)):
         # QNN runs the engine's graph (a chat GGUF is converted to one by llama_npu); when QNN
         # later refuses the graph, the worker runs on the CPU and says why.
@@ -74,7 +90,7 @@ def why_not_exactly(requested: str, engine: str, model_path: str, nctx: int | No
     unit, why = choose(requested, engine)
     if why is not None:
         return f"`compute`: {requested} is not available for this model: {why}"
-    if unit in ("npu", "hybrid") and engines.info(engine).npu == "llama_npu":
+    if unit in ("npu", "hybrid") and engines.info(engine).npu == "llama_npu" and not has_htp(engine):
         try:
             plan, _how = npu_plan.plan_here(npu_shape(model_path), nctx)
         except (OSError, ValueError, KeyError, struct.error) as exc:

@@ -10,6 +10,7 @@ from pathlib import Path
 import structlog
 
 from gateway.models.store import ModelEntry
+from gateway.supervisor.compute import has_htp
 from protocol import engines, npu_plan
 from protocol.engines import EMBED_BATCH_TOKENS
 from protocol.gguf_header import ARCHITECTURE, npu_shape, read_gguf_numbers
@@ -56,11 +57,12 @@ def is_embedding_gguf(path: str) -> bool:
 def worker_engine(entry: ModelEntry, compute: str = "cpu") -> str:
     """The worker engine for a model (protocol/engines.py): a GGUF that is an embedding model gets
     its engine's `embedder` (llama_embed); a model on the NPU (`npu`/`hybrid`) its engine's `npu`
-    engine (llama_npu converts a chat GGUF to an ONNX graph for QNN)."""
+    engine (llama_npu converts a chat GGUF to an ONNX graph for QNN), unless llama.cpp's build has
+    its own Hexagon NPU device (HTP), which then runs the GGUF itself."""
     row = engines.info(entry.engine)
     if row.embedder and entry.path.endswith(".gguf") and is_embedding_gguf(entry.path):
         return row.embedder
-    if row.npu and compute in ("npu", "hybrid"):
+    if row.npu and compute in ("npu", "hybrid") and not (compute == "npu" and has_htp(entry.engine)):
         return row.npu
     return entry.engine
 

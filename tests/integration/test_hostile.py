@@ -129,6 +129,9 @@ BIG = 2**70  # beyond msgpack's 64 bits: once a 500 on the way to the worker
         ("/v1/chat/completions", {"messages": HI, "top_k": BIG}, "top_k"),
         ("/v1/chat/completions", {"messages": HI, "nctx": BIG}, "nctx"),
         ("/v1/chat/completions", {"messages": HI, "ngl": -BIG}, "ngl"),
+        ("/v1/chat/completions", {"messages": HI, "ngl": -2}, "ngl"),  # -1 is "all"; below it means nothing
+        ("/v1/chat/completions", {"messages": HI, "ngl": 2**40}, "ngl"),
+        ("/v1/chat/completions", {"messages": HI, "ngl": "all"}, "ngl"),
         ("/v1/chat/completions", {"messages": HI, "spec_type": "ngram-simple", "spec_n_max": BIG}, "spec_n_max"),
         ("/v1/completions", {"prompt": "x", "max_tokens": BIG}, "max_tokens"),
         ("/v1/logits", {"input_ids": [1, BIG]}, "input_ids[1]"),

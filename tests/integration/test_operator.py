@@ -187,7 +187,8 @@ def test_workers_run_at_the_gateways_nice_and_answer_beside_a_busy_program(start
     row = workers(srv)[0]
     assert _nices(row["pid"]) == {base}
     assert row["cpu_features"], "the worker says which CPU features its llama.cpp build uses"
-    assert any(d.startswith("CPU") for d in row["devices"]), row["devices"]  # as its worker's Ready said
+    # as its worker's Ready said
+    assert any(d["name"] == "CPU" and d["kind"] == "cpu" for d in row["devices"]), row["devices"]
     hog = subprocess.Popen([sys.executable, "-c", "while 1: pass"])
     try:
         r = client_for(srv).chat.completions.create(model=MODEL, messages=LONG, max_tokens=50, temperature=0,

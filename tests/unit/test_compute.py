@@ -20,12 +20,13 @@ from gateway.ops.metrics import Metrics
 from gateway.ops.settings import Settings
 from gateway.supervisor import compute
 from gateway.supervisor.pool import WorkerPool
-from protocol.wire import Ready
+from protocol.wire import Device, Ready
 
 
 @pytest.fixture(autouse=True)
 def nothing_learned(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     monkeypatch.setattr(compute, "_gpu_offload", {})
+    monkeypatch.setattr(compute, "_devices", {})
     compute._warn_once.cache_clear()
     yield
     compute._warn_once.cache_clear()
@@ -61,6 +62,40 @@ def test_hybrid_without_qnn_takes_the_gpu_unless_the_build_has_none(monkeypatch:
     said("llama_embed", False)
     assert compute.resolve_compute("hybrid", "llama_cpp") == "cpu"
     assert compute.resolve_compute("hybrid", "llama_embed") == "cpu"
+
+
+CPU = Device("CPU", "cpu", "AMD EPYC")
+VULKAN = Device("Vulkan0", "gpu", "llvmpipe (LLVM 15.0.6, 256 bits)", 8 << 30, 8 << 30)
+HTP = Device("HTP0", "accel", "Hexagon V73", 4 << 30, 4 << 30)
+
+
+def test_each_compute_value_gets_its_device(monkeypatch: pytest.MonkeyPatch) -> None:
+    """cpu: the CPU; gpu: the GPU while the build has one; npu on a GGUF: llama.cpp's own Hexagon
+    device once a worker has reported one, else the ONNX/QNN engine (or the CPU without QNN)."""
+    from gateway.supervisor.memory import worker_engine
+    from protocol import qnn
+
+    monkeypatch.setattr(qnn, "unavailable_reason", lambda: None)
+    gguf = ModelEntry(id="t/m:Q4_0", org="t", repo="m", precision="Q4_0", engine="llama_cpp", path="/m.gguf", size=1,
+                      created=0)  # fmt: skip
+    assert compute.choose("cpu", "llama_cpp") == ("cpu", None)
+    assert compute.choose("npu", "llama_cpp") == ("npu", None)
+    assert worker_engine(gguf, "npu") == "llama_npu"  # no HTP device known: the QNN conversion
+    compute.learn("llama_cpp", Ready(protocol_version=1, pid=1, engine="llama_cpp", compute="cpu", n_ctx=8,
+                                     gpu_offload=True, devices=[CPU, VULKAN, HTP]))  # fmt: skip
+    assert compute.devices("llama_cpp") == [CPU, VULKAN, HTP] and compute.has_htp("llama_cpp")
+    assert compute.choose("gpu", "llama_cpp") == ("gpu", None)
+    assert compute.choose("npu", "llama_cpp") == ("npu", None)
+    assert worker_engine(gguf, "npu") == "llama_cpp"  # llama.cpp runs the GGUF on HTP itself
+    assert worker_engine(gguf, "hybrid") == "llama_npu"
+    monkeypatch.setattr(qnn, "unavailable_reason", lambda: "no NPU here")
+    assert compute.choose("npu", "llama_cpp") == ("npu", None)  # HTP needs no onnxruntime-qnn
+    assert compute.choose("npu", "onnx") == ("cpu", "no NPU here")
+    compute.learn("llama_cpp", Ready(protocol_version=1, pid=1, engine="llama_cpp", compute="cpu", n_ctx=8,
+                                     devices=[CPU]))  # fmt: skip
+    assert compute.choose("gpu", "llama_cpp") == ("cpu", "this llama.cpp build has no GPU offload")
+    assert compute.choose("npu", "llama_cpp") == ("cpu", "no NPU here")
+    assert compute.choose("gpu", "whisper") == ("cpu", "engine whisper has no gpu support here")
 
 
 def test_the_gateway_imports_no_engine() -> None:
@@ -128,7 +163,7 @@ def test_a_llama_workers_ready_says_what_its_build_can_do() -> None:
     finally:
         engine.close()
     assert r.gpu_offload is llama_runtime.gpu_offload()
-    assert any(d.startswith("CPU") for d in r.devices), r.devices
+    assert any(d.name == "CPU" and d.kind == "cpu" for d in r.devices), r.devices
     if r.gpu_offload:
         assert (r.compute, r.fallback) == ("gpu", "")
     else:

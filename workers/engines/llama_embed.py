@@ -59,7 +59,8 @@ class LlamaEmbedEngine(QueuedEngine, VocabTokens):
         t0 = time.perf_counter()
         init_backend()
         self.compute, self.fallback = runs_on(opts.compute)
-        model = load_model(opts.model_path, gpu_layers(self.compute, opts.ngl))
+        self.n_gpu_layers = gpu_layers(self.compute, opts.ngl)
+        model = load_model(opts.model_path, self.n_gpu_layers)
         self.model = model
         self.vocab = L.llama_model_get_vocab(model)
         self.n_vocab = L.llama_vocab_n_tokens(self.vocab)
@@ -183,7 +184,7 @@ class LlamaEmbedEngine(QueuedEngine, VocabTokens):
     def ready(self) -> Ready:
         kind = "cross-encoder" if self.cross_encoder else "embedding"
         return ready(self.model, engine=self.name, compute=self.compute, n_ctx=self.max_len, parallel=1,
-                     load_seconds=self.load_seconds,
+                     load_seconds=self.load_seconds, n_gpu_layers=self.n_gpu_layers,
                      description=f"{kind}, pooling {POOLING_NAMES.get(self.pooling, self.pooling)}",
                      provider="llama.cpp", n_embd=0 if self.cross_encoder else self.width,
                      fallback=self.fallback)  # fmt: skip

@@ -13,7 +13,7 @@ import llama_cpp as L
 import psutil
 import structlog
 
-from protocol.wire import PROTOCOL_VERSION, ErrorKind, Ready
+from protocol.wire import PROTOCOL_VERSION, Device, ErrorKind, Ready
 from workers.engines import EngineError
 from workers.engines.thread_governor import ThreadGovernor
 
@@ -42,19 +42,37 @@ def gpu_offload() -> bool:
     return bool(L.llama_supports_gpu_offload())
 
 
+NO_HTP = "this llama.cpp build has no Hexagon NPU device (HTP: a build with GGML_HEXAGON on a Snapdragon)"
+
+
 def runs_on(compute: str) -> tuple[str, str]:
     """The unit a llama.cpp worker really runs on, and why it is not `compute` ("" when it is).
     The gateway asks for `gpu` before any worker has told it whether the build offloads: a build
-    that cannot runs on the CPU and says so, in its log and in Ready.fallback."""
+    that cannot runs on the CPU and says so, in its log and in Ready.fallback. `npu` reaches this
+    engine only once a worker has reported llama.cpp's own Hexagon device (HTP)."""
+    why = ""
     if compute == "gpu" and not gpu_offload():
-        log.warning("compute unit unavailable; falling back to cpu", requested=compute, reason=NO_GPU_OFFLOAD)
-        return "cpu", NO_GPU_OFFLOAD
+        why = NO_GPU_OFFLOAD
+    elif compute == "npu" and not htp_devices():
+        why = NO_HTP
+    if why:
+        log.warning("compute unit unavailable; falling back to cpu", requested=compute, reason=why)
+        return "cpu", why
     return compute, ""
 
 
-def devices() -> list[str]:
-    """The ggml backend devices this build sees, "NAME (description)" each; [] when it cannot say.
-    llama-cpp-python binds none of ggml's device registry, so it is read from libggml directly."""
+def htp_devices() -> list[str]:
+    """The names of llama.cpp's Hexagon NPU devices (ggml-hexagon's "HTP0", ...) this build sees."""
+    return [d.name for d in devices() if d.name.upper().startswith("HTP")]
+
+
+# ggml_backend_dev_type, in its enum's order.
+DEVICE_KINDS = ("cpu", "gpu", "igpu", "accel", "meta")
+
+
+def devices() -> list[Device]:
+    """The ggml backend devices this build sees; [] when it cannot say. llama-cpp-python binds
+    none of ggml's device registry, so it is read from libggml directly."""
     try:
         from llama_cpp._ggml import libggml as g
 
@@ -64,34 +82,69 @@ def devices() -> list[str]:
         for fn in (g.ggml_backend_dev_name, g.ggml_backend_dev_description):
             fn.argtypes = [ctypes.c_void_p]
             fn.restype = ctypes.c_char_p
-        devs = [g.ggml_backend_dev_get(i) for i in range(g.ggml_backend_dev_count())]
-        return [
-            f"{g.ggml_backend_dev_name(d).decode(errors='replace')} "
-            f"({g.ggml_backend_dev_description(d).decode(errors='replace')})"
-            for d in devs
-        ]
+        g.ggml_backend_dev_type.argtypes = [ctypes.c_void_p]
+        g.ggml_backend_dev_type.restype = ctypes.c_int
+        g.ggml_backend_dev_memory.argtypes = [ctypes.c_void_p, ctypes.POINTER(ctypes.c_size_t),
+                                              ctypes.POINTER(ctypes.c_size_t)]  # fmt: skip
+        g.ggml_backend_dev_memory.restype = None
+        found = []
+        for i in range(g.ggml_backend_dev_count()):
+            d = g.ggml_backend_dev_get(i)
+            free, total = ctypes.c_size_t(0), ctypes.c_size_t(0)
+            g.ggml_backend_dev_memory(d, ctypes.byref(free), ctypes.byref(total))
+            kind = g.ggml_backend_dev_type(d)
+            found.append(Device(
+                name=g.ggml_backend_dev_name(d).decode(errors="replace"),
+                kind=DEVICE_KINDS[kind] if 0 <= kind < len(DEVICE_KINDS) else "unknown",
+                description=g.ggml_backend_dev_description(d).decode(errors="replace"),
+                memory_total=total.value, memory_free=free.value))  # fmt: skip
+        return found
     except (ImportError, AttributeError, OSError):  # a build or binding without the registry: not worth failing a load
         return []
 
 
+def offloaded_layers(model: ctypes.c_void_p, n_gpu_layers: int) -> tuple[int, int]:
+    """(layers on the GPU, layers in all), counted as llama.cpp's "offloaded N/M layers" does: the
+    repeating layers, then the output layer once every one of them is offloaded."""
+    total = L.llama_model_n_layer(model) + 1
+    return min(max(0, n_gpu_layers), total) if gpu_offload() else 0, total
+
+
 def gpu_layers(compute: str, ngl: int) -> int:
-    """The `ngl` rule: layers offload only when the worker runs on the GPU; -1 means all of them."""
-    if compute != "gpu":
+    """The `ngl` rule: layers offload only when the worker runs on the GPU (or llama.cpp's NPU
+    device); -1 (or the spec's 999, or anything past the model's layers) means all of them."""
+    if compute not in ("gpu", "npu"):
         return 0
     return 999 if ngl < 0 else ngl
 
 
-def load_model(path: str, n_gpu_layers: int, *, field: str = "") -> ctypes.c_void_p:
-    """The model at `path`. A model a request named (`field`) that cannot load is that request's
+def load_model(path: str, n_gpu_layers: int, *, field: str = "", only: list[str] | None = None) -> ctypes.c_void_p:
+    """The model at `path`, its offloaded layers on the devices named `only` (None: llama.cpp's
+    choice, every GPU). A model a request named (`field`) that cannot load is that request's
     fault (400); the worker's own model failing is the engine's (500)."""
     mparams = L.llama_model_default_params()
     mparams.n_gpu_layers = n_gpu_layers
+    chosen = _device_list(only) if only else None
+    if chosen is not None:
+        mparams.devices = ctypes.cast(chosen, ctypes.c_void_p)
     model = L.llama_model_load_from_file(path.encode(), mparams)
     if not model:
         if field:
             raise EngineError(f"`{field}`: llama.cpp could not load {path} as a model")
         raise EngineError(f"llama.cpp could not load {path}", kind=ErrorKind.ENGINE)
     return model
+
+
+def _device_list(names: list[str]) -> ctypes.Array[ctypes.c_void_p]:
+    """ggml devices by name, as llama_model_params.devices takes them (NULL-terminated)."""
+    from llama_cpp._ggml import libggml as g
+
+    g.ggml_backend_dev_by_name.argtypes = [ctypes.c_char_p]
+    g.ggml_backend_dev_by_name.restype = ctypes.c_void_p
+    found = [g.ggml_backend_dev_by_name(n.encode()) for n in names]
+    if not all(found):
+        raise EngineError(f"llama.cpp has no device {names}", kind=ErrorKind.ENGINE)
+    return (ctypes.c_void_p * (len(found) + 1))(*found, None)
 
 
 def default_threads(threads: int) -> int:
@@ -214,8 +267,9 @@ def cpu_features() -> str:
 
 
 def ready(model: ctypes.c_void_p, *, engine: str, compute: str, n_ctx: int, parallel: int, load_seconds: float,
-          description: str = "", **facts: object) -> Ready:  # fmt: skip
+          description: str = "", n_gpu_layers: int = 0, **facts: object) -> Ready:  # fmt: skip
     """What a llama.cpp worker says of itself first: the model's own facts, and the engine's."""
+    offloaded, n_layers = offloaded_layers(model, n_gpu_layers)
     desc = ctypes.create_string_buffer(256)
     L.llama_model_desc(model, desc, 256)
     base = desc.value.decode(errors="replace")
@@ -234,6 +288,8 @@ def ready(model: ctypes.c_void_p, *, engine: str, compute: str, n_ctx: int, para
         cpu_features=cpu_features(),
         gpu_offload=gpu_offload(),
         devices=devices(),
+        offloaded_layers=offloaded,
+        n_layers=n_layers,
         **facts,  # type: ignore[arg-type]  # the engine's own Ready fields
     )
 

@@ -57,6 +57,7 @@ from workers.engines.llama_runtime import (
     VocabTokens,
     default_threads,
     gpu_layers,
+    htp_devices,
     init_backend,
     load_model,
     meta,
@@ -85,7 +86,9 @@ class LlamaEngine(VocabTokens):
         init_backend()
         self.compute, self.fallback = runs_on(opts.compute)
         self.n_gpu_layers = gpu_layers(self.compute, opts.ngl)
-        self.model = model = load_model(opts.model_path, self.n_gpu_layers)
+        self.model = model = load_model(
+            opts.model_path, self.n_gpu_layers, only=htp_devices() if self.compute == "npu" else None
+        )
         self.vocab = L.llama_model_get_vocab(model)
         self.n_vocab = L.llama_vocab_n_tokens(self.vocab)
         self.nctx = opts.nctx
@@ -124,7 +127,7 @@ class LlamaEngine(VocabTokens):
 
     def ready(self) -> Ready:
         return ready(self.model, engine=self.name, compute=self.compute, n_ctx=self.nctx, parallel=self.parallel,
-                     load_seconds=self.load_seconds, chat_template=self.template.is_native,
+                     load_seconds=self.load_seconds, n_gpu_layers=self.n_gpu_layers, chat_template=self.template.is_native,
                      tool_format=self.template.tool_format, fallback=self.fallback)  # fmt: skip
 
     def submit(self, req: Generate | CountTokens | Logits) -> None:
