@@ -19,6 +19,10 @@ class Resident(msgspec.Struct):
     state: str  # starting, ready (idle or busy), stopping
     pid: int | None
     keep_alive: float  # seconds it stays after its last request; negative: until evicted or unloaded
+    runs_on: str | None = None  # the unit it really runs on (None until it is ready)
+    devices: list[str] = []  # the GPU/NPU devices it offloads layers to, e.g. ["Vulkan0"]
+    offloaded_layers: int | None = None  # of `n_layers` (llama.cpp's count: the layers and the output)
+    n_layers: int | None = None
 
 
 class Model(msgspec.Struct, omit_defaults=True):

@@ -19,7 +19,12 @@ from protocol.models import LoadRequest, Model, ModelList, Resident, Unloaded, U
 
 def _resident(pool: WorkerPool, h: WorkerHandle) -> Resident:
     state = h.state.value if h.state.value != "ready" else ("busy" if h.inflight else "idle")
-    return Resident(compute=h.key.compute, nctx=h.key.nctx, state=state, pid=h.pid, keep_alive=pool.keep_alive_of(h))
+    info = h.ready_info
+    offloaded = info.offloaded_layers if info and info.n_layers else None
+    return Resident(compute=h.key.compute, nctx=h.key.nctx, state=state, pid=h.pid, keep_alive=pool.keep_alive_of(h),
+                    runs_on=info.compute if info else None, offloaded_layers=offloaded,
+                    n_layers=(info.n_layers or None) if info else None,
+                    devices=[d.name for d in info.devices if d.kind != "cpu"] if info and offloaded else [])  # fmt: skip
 
 
 def _model(e: ModelEntry, pool: WorkerPool) -> Model:

@@ -48,3 +48,28 @@ def plan_evictions(
         freed += r.bytes
         count -= 1
     return chosen if fits() else None
+
+
+def plan_with_device(
+    residents: list[Resident],
+    device_residents: list[Resident],
+    *,
+    need_bytes: int,
+    available_bytes: int,
+    max_loaded: int,
+    npu: bool = False,
+    device_need: int = 0,
+    device_available: int = 0,
+) -> list[str] | None:
+    """`plan_evictions` for the host's RAM, then for one device's own memory (a discrete GPU's):
+    `device_residents` are the workers with layers on that device, their `bytes` what they hold
+    there. What the host's plan evicts frees its device bytes too; more idle workers on the device
+    go, least recently used first, when the new one's `device_need` still does not fit."""
+    plan = plan_evictions(residents, need_bytes=need_bytes, available_bytes=available_bytes,
+                          max_loaded=max_loaded, npu=npu)  # fmt: skip
+    if plan is None or device_need <= 0:
+        return plan
+    freed = sum(r.bytes for r in device_residents if r.slug in plan)
+    rest = [r for r in device_residents if r.slug not in plan]
+    more = plan_evictions(rest, need_bytes=device_need, available_bytes=device_available + freed, max_loaded=0)
+    return None if more is None else plan + more

@@ -14,6 +14,7 @@ from gateway.supervisor.compute import has_htp
 from protocol import engines, npu_plan
 from protocol.engines import EMBED_BATCH_TOKENS
 from protocol.gguf_header import ARCHITECTURE, npu_shape, read_gguf_numbers
+from protocol.wire import Device
 
 log = structlog.get_logger("gateway.supervisor.memory")
 
@@ -90,6 +91,30 @@ def _kv_bytes_per_token(path: str, mtime: float) -> int:
     k_len = value(".attention.key_length", n_embd // n_head)
     v_len = value(".attention.value_length", k_len)
     return value(".block_count", 0) * value(".attention.head_count_kv", n_head) * (k_len + v_len) * 2
+
+
+def offloaded_share(path: str, ngl: int) -> float:
+    """The share of a GGUF's weights and KV cache that llama.cpp puts on the GPU for `ngl` layers
+    (-1, the spec's 999, or more than the model has: all), counted as llama.cpp counts them: the
+    repeating layers and the output layer."""
+    if ngl == 0:
+        return 0.0
+    try:
+        meta = _header(path, os.path.getmtime(path))
+    except OSError:
+        return 0.0
+    layers = int(next((v for k, v in meta.items() if k.endswith(".block_count") and isinstance(v, int | float)), 0))
+    if ngl < 0 or layers <= 0 or ngl > layers:
+        return 1.0
+    return ngl / (layers + 1)
+
+
+def offload_device(devices: list[Device], compute: str) -> Device | None:
+    """The device whose own memory a worker's offloaded layers take: the first discrete GPU (or
+    NPU device, for `npu` on llama.cpp's Hexagon backend) with a known size; None when the layers
+    stay in the host's RAM (the CPU, or an integrated GPU sharing it, as on a Snapdragon)."""
+    kinds = {"gpu": ("gpu",), "npu": ("accel",)}.get(compute, ())
+    return next((d for d in devices if d.kind in kinds and d.memory_total > 0), None)
 
 
 def embedding_kv_tokens(path: str) -> int:

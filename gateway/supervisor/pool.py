@@ -26,14 +26,16 @@ from gateway.ops.metrics import Metrics
 from gateway.ops.settings import Settings
 from gateway.supervisor import runtime_dir
 from gateway.supervisor.claims import Claims
-from gateway.supervisor.compute import resolve_compute
-from gateway.supervisor.eviction import Resident, plan_evictions
+from gateway.supervisor.compute import devices, resolve_compute
+from gateway.supervisor.eviction import Resident, plan_evictions, plan_with_device
 from gateway.supervisor.handle import Happened, WorkerEvent, WorkerHandle, WorkerSpec
 from gateway.supervisor.memory import (
     embedding_kv_tokens,
     estimate_worker_bytes,
     file_bytes,
     npu_chat_bytes,
+    offload_device,
+    offloaded_share,
     worker_engine,
 )
 from gateway.supervisor.states import State
@@ -41,11 +43,15 @@ from protocol import engines
 from protocol.keys import WorkerKey
 from protocol.limits import MAX_DRAFT_MODELS
 from protocol.npu_cache import NPU_DIR
+from protocol.wire import Device
 from protocol.worker_args import WorkerArgs
 
 log = structlog.get_logger("gateway.supervisor.pool")
 
 CAPACITY_WAIT_S = 60.0
+# The share of a discrete GPU's memory the workers may plan to fill: the driver, the compute
+# buffers llama.cpp sizes at load and other programs' windows take the rest.
+DEVICE_SHARE = 0.9
 
 
 def default_parallel(nctx: int) -> int:
@@ -74,7 +80,8 @@ class WorkerPool:
         self._tasks: list[asyncio.Task[None]] = []
         self._crashes: dict[WorkerKey, deque[float]] = {}
         self._backoff_until: dict[WorkerKey, float] = {}
-        self._estimates: dict[WorkerKey, int] = {}
+        self._estimates: dict[WorkerKey, int] = {}  # host RAM
+        self._device_estimates: dict[WorkerKey, tuple[str, int]] = {}  # a discrete GPU's own memory: (device, bytes)
         self._idle = asyncio.Condition()
         self._capacity_waiters = 0
         self._start_lock = asyncio.Lock()  # one eviction plan at a time (never held across a wait or a load)
@@ -202,11 +209,14 @@ class WorkerPool:
         row = engines.info(engine)
         kv_tokens = embedding_kv_tokens(entry.path) if row.batch_tokens else key.nctx * parallel
         cache_mb = s.cache_ram_mb if row.prompt_cache else 0
-        need = estimate_worker_bytes(entry.path, kv_tokens) + (cache_mb << 20) + row.working_bytes
+        model_bytes = estimate_worker_bytes(entry.path, kv_tokens)  # weights and KV cache
+        need = model_bytes + (cache_mb << 20) + row.working_bytes
         if row.memory == "npu_graph":  # the ONNX graph, its QNN sessions and their KV buffer, not llama.cpp's
             need = npu_chat_bytes(entry.path, key.nctx)
         if entry.mmproj and row.projector and row.memory == "gguf":  # a vision model's projector loads beside it
             need += file_bytes(entry.mmproj)
+        device = offload_device(devices(engine), key.compute) if row.memory == "gguf" else None
+        on_device = int(model_bytes * offloaded_share(entry.path, key.ngl)) if device else 0
         spec = WorkerSpec(
             key=key,
             worker=WorkerArgs(
@@ -231,7 +241,10 @@ class WorkerPool:
             load_timeout_s=max(s.load_timeout_s, row.first_load_s),
             max_queue=s.max_queue,
         )
-        handle = self._admit_remote(spec, need) if row.remote else await self._admit(spec, need)
+        if row.remote:
+            handle = self._admit_remote(spec, need)
+        else:
+            handle = await self._admit(spec, need - on_device, (device, on_device) if device and on_device else None)
         self.metrics.worker_started(key.model)
         t0 = time.perf_counter()
         try:
@@ -267,6 +280,14 @@ class WorkerPool:
             handle.drafts.add(path)
             self._estimates[handle.key] = self._estimates.get(handle.key, 0) + need
 
+    def _device_residents(self, device: str) -> list[Resident]:
+        """The workers holding layers in `device`'s own memory, with the bytes they hold there."""
+        return [
+            Resident(slug=k.slug, idle=h.idle, last_used=h.last_used, bytes=self._device_estimates[k][1])
+            for k, h in self.workers.items()
+            if h.alive and k in self._device_estimates and self._device_estimates[k][0] == device
+        ]
+
     def _residents(self) -> list[Resident]:
         return [
             Resident(
@@ -294,11 +315,16 @@ class WorkerPool:
         self._estimates[spec.key] = need
         return handle
 
-    async def _admit(self, spec: WorkerSpec, need: int) -> WorkerHandle:
-        """Evict what must go so that `spec`'s worker fits, then register its handle (not yet
+    async def _admit(self, spec: WorkerSpec, need: int, on_device: tuple[Device, int] | None = None) -> WorkerHandle:
+        """Evict what must go so that `spec`'s worker fits (`need`: bytes of host RAM; `on_device`:
+        a discrete GPU and the bytes its layers take there), then register its handle (not yet
         started). The lock covers one eviction plan and its registration, never a wait: while
         every worker is busy, this waits for one to go idle with the lock released."""
         key = spec.key
+        device, device_need = on_device if on_device else (None, 0)
+        if device is not None and device_need > device.memory_total * DEVICE_SHARE:
+            raise Overloaded(f"{key.model} needs about {device_need >> 20} MiB on {device.name} ({device.description}), "
+                             f"which has {device.memory_total >> 20} MiB; lower ngl", retry_after=30)  # fmt: skip
         deadline = time.monotonic() + CAPACITY_WAIT_S
         waiting = False
         try:
@@ -306,12 +332,18 @@ class WorkerPool:
                 async with self._start_lock:
                     available = self._available_bytes()
                     residents = self._residents()
-                    plan = plan_evictions(
+                    on_it = self._device_residents(device.name) if device else []
+                    plan = plan_with_device(
                         residents,
+                        on_it,
                         need_bytes=need,
                         available_bytes=available,
                         max_loaded=self.settings.max_loaded,
                         npu=key.compute in ("npu", "hybrid"),
+                        device_need=device_need,
+                        device_available=int(device.memory_total * DEVICE_SHARE) - sum(r.bytes for r in on_it)
+                        if device
+                        else 0,
                     )
                     log.debug("eviction plan", worker=key.slug, need_mb=need >> 20, available_mb=available >> 20,
                               max_loaded=self.settings.max_loaded, evict=plan,
@@ -321,6 +353,8 @@ class WorkerPool:
                         handle = WorkerHandle(spec, self.zctx, self.runtime_dir, self.events, self.claims)
                         self.workers[key] = handle
                         self._estimates[key] = need
+                        if device is not None:
+                            self._device_estimates[key] = (device.name, device_need)
                         return handle
                     if not self.workers and need > available:
                         raise Overloaded(

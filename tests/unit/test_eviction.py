@@ -35,3 +35,24 @@ def test_npu_load_evicts_other_npu_workers_first() -> None:
     assert plan_evictions(residents, need_bytes=1, available_bytes=100 * GB, max_loaded=0, npu=True) == ["npu1"]
     busy_npu = [r("npu1", idle=False, npu=True)]
     assert plan_evictions(busy_npu, need_bytes=1, available_bytes=100 * GB, max_loaded=0, npu=True) is None
+
+
+def test_a_discrete_gpu_evicts_by_its_own_memory_too() -> None:
+    """Host RAM is plenty; the GPU is full: the least recently used idle worker on the GPU goes."""
+    from gateway.supervisor.eviction import plan_with_device
+
+    host = [r("cpu-model", last_used=0), r("gpu-a", last_used=1), r("gpu-b", last_used=2)]
+    on_gpu = [r("gpu-a", last_used=1, size=6 * GB), r("gpu-b", last_used=2, size=6 * GB)]
+    kw = {"need_bytes": GB, "available_bytes": 100 * GB, "max_loaded": 0}
+    assert plan_with_device(host, on_gpu, **kw, device_need=4 * GB, device_available=4 * GB) == []
+    assert plan_with_device(host, on_gpu, **kw, device_need=8 * GB, device_available=2 * GB) == ["gpu-a"]
+    assert plan_with_device(host, on_gpu, **kw, device_need=14 * GB, device_available=2 * GB) == ["gpu-a", "gpu-b"]
+    assert plan_with_device(host, on_gpu, **kw, device_need=15 * GB, device_available=2 * GB) is None
+    busy = [r("gpu-a", idle=False, last_used=1, size=6 * GB)]
+    assert plan_with_device(host, busy, **kw, device_need=8 * GB, device_available=2 * GB) is None
+    # what the host's plan evicts frees its GPU memory as well
+    tight = {"need_bytes": 2 * GB, "available_bytes": GB, "max_loaded": 0}
+    assert plan_with_device(host, on_gpu, **tight, device_need=8 * GB, device_available=2 * GB) == [
+        "cpu-model",
+        "gpu-a",
+    ]

@@ -58,3 +58,24 @@ def test_embedding_workers_are_estimated_with_the_kv_they_really_allocate(tmp_pa
     assert is_embedding_gguf(bert) and is_embedding_gguf(decoder)
     assert embedding_kv_tokens(bert) == 0  # an encoder has no KV cache
     assert embedding_kv_tokens(decoder) == EMBED_BATCH_TOKENS
+
+
+def test_the_share_on_the_gpu_follows_ngl_as_llama_cpp_counts_layers() -> None:
+    from gateway.supervisor.memory import offloaded_share
+
+    path = smollm2()  # 30 layers, and the output layer
+    assert [offloaded_share(path, n) for n in (0, -1, 999, 31)] == [0.0, 1.0, 1.0, 1.0]
+    assert offloaded_share(path, 10) == 10 / 31
+    assert offloaded_share("/no/such.gguf", 10) == 0.0
+
+
+def test_only_a_device_with_memory_of_its_own_is_counted_apart() -> None:
+    from gateway.supervisor.memory import offload_device
+    from protocol.wire import Device
+
+    cpu, igpu = Device("CPU", "cpu"), Device("Vulkan0", "igpu", "Adreno X1-85", 16 << 30)
+    gpu, htp = Device("CUDA0", "gpu", "NVIDIA H200", 140 << 30), Device("HTP0", "accel", "Hexagon", 4 << 30)
+    assert offload_device([cpu, igpu], "gpu") is None  # shares the host's RAM: counted there
+    assert offload_device([cpu, igpu, gpu, htp], "gpu") == gpu
+    assert offload_device([cpu, gpu, htp], "npu") == htp
+    assert offload_device([cpu, gpu], "cpu") is None
