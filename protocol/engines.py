@@ -12,8 +12,8 @@ import msgspec
 
 # How the gateway estimates a worker's memory before it loads (gateway/supervisor/memory.py):
 # "gguf": the file plus its KV cache per token of context; "files": the model's files (ONNX,
-# diffusers, Piper, Whisper folders); "npu_graph": the fp32 ONNX graph converted from a GGUF, its QNN
-# sessions and KV buffer; "remote": a relay of a model computed elsewhere, no weights.
+# diffusers, Piper, Whisper and Genie bundle folders); "npu_graph": the fp32 ONNX graph converted
+# from a GGUF, its QNN sessions and KV buffer; "remote": a relay of a model computed elsewhere, no weights.
 Memory = Literal["gguf", "files", "npu_graph", "remote"]
 
 
@@ -35,10 +35,15 @@ class EngineInfo(msgspec.Struct, frozen=True, kw_only=True):
     first_load_s: float = 0.0  # the least load timeout: a first load that converts and compiles
     npu_cache: bool = False  # keeps converted graphs under the data dir (protocol/npu_cache.py)
     remote: bool = False  # computed on another machine: no local unit, no share of the cores, never evicts
+    # Runs only on the NPU (its models are compiled for it, with no CPU path): any other unit asked
+    # for is coerced to `npu` with a warning, and where there is no NPU its worker says why.
+    npu_only: bool = False
 
     @property
     def units(self) -> tuple[str, ...]:
-        """The compute units its models may ask for, the CPU always among them."""
+        """The compute units its models may ask for: the CPU among them, unless the engine is NPU-only."""
+        if self.npu_only:
+            return ("npu",)
         return ("cpu", *(("gpu",) if self.gpu else ()), *(("npu",) if self.npu else ()),
                 *(("hybrid",) if self.hybrid else ()))  # fmt: skip
 
@@ -48,6 +53,11 @@ class EngineInfo(msgspec.Struct, frozen=True, kw_only=True):
 EMBED_BATCH_TOKENS = 2048
 # A first NPU chat load converts the GGUF and compiles two QNN graphs: minutes for a larger model.
 NPU_FIRST_LOAD_S = 900.0
+# A Genie bundle's load maps gigabytes of context binaries onto the NPU (a 3B model: about 2 GB).
+QAIRT_LOAD_S = 300.0
+# Beyond a Genie bundle's files: the QAIRT runtime, and the KV cache and activations Genie
+# allocates in shared buffers for the bundle's context. An allowance, not measured here (no NPU).
+QAIRT_WORKING_BYTES = 512 << 20
 
 ENGINES: dict[str, EngineInfo] = {
     e.name: e
@@ -58,6 +68,10 @@ ENGINES: dict[str, EngineInfo] = {
         EngineInfo(name="llama_npu", capabilities=("chat", "completion", "tools", "logits"), memory="npu_graph",
                    npu="llama_npu", hybrid=True, tokenizer=True, projector=True, first_load_s=NPU_FIRST_LOAD_S,
                    npu_cache=True),
+        # A Genie bundle (Qualcomm AI Hub's export: genie_config.json, tokenizer, QNN context
+        # binaries) on libGenie: chat on the NPU only; its memory is its files plus Genie's buffers.
+        EngineInfo(name="qairt", capabilities=("chat", "completion", "tools"), npu="qairt", npu_only=True,
+                   tokenizer=True, working_bytes=QAIRT_WORKING_BYTES, first_load_s=QAIRT_LOAD_S),
         EngineInfo(name="llama_embed", capabilities=("embeddings", "rerank"), memory="gguf", gpu=True, tokenizer=True,
                    batch_tokens=EMBED_BATCH_TOKENS),
         EngineInfo(name="onnx", capabilities=("embeddings", "rerank"), npu="onnx", tokenizer=True),

@@ -24,16 +24,18 @@ Command = Callable[[argparse.Namespace], int]
 
 def add_model_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser(
-        "pull", help="download a GGUF model from Hugging Face, or import a local GGUF, ONNX, Whisper or diffusers model"
+        "pull",
+        help="download a GGUF model from Hugging Face, or import a local GGUF, ONNX, Whisper, diffusers or Genie model",
     )
     p.add_argument("name", help="org/repo or org/repo:precision, e.g. bartowski/Llama-3.2-1B-Instruct-GGUF:Q4_K_M")
     p.add_argument(
         "--local",
         type=Path,
         metavar="PATH",
-        help="import this GGUF file, NPU bundle (`geniex npu compile --bundle`), ONNX model folder (model.onnx + tokenizer.json), CTranslate2 Whisper folder "
-        "(model.bin + config.json + tokenizer.json) or diffusers pipeline folder (model_index.json), instead of "
-        "downloading",
+        help="import this GGUF file, NPU bundle (`geniex npu compile --bundle`), Genie bundle from Qualcomm AI Hub "
+        "(genie_config.json + tokenizer.json + QNN context binaries), ONNX model folder (model.onnx + "
+        "tokenizer.json), CTranslate2 Whisper folder (model.bin + config.json + tokenizer.json) or diffusers "
+        "pipeline folder (model_index.json), instead of downloading",
     )
     p.add_argument(
         "--mmproj",

@@ -10,6 +10,7 @@ Layout::
     <data_dir>/models/<org>/<repo>/<repo>.<precision>-onnx/       an ONNX model: model.onnx, tokenizer.json, ...
     <data_dir>/models/<org>/<repo>/<repo>.<precision>-ct2/        a CTranslate2 Whisper model: model.bin, ...
     <data_dir>/models/<org>/<repo>/<repo>.<precision>-diffusers/  a diffusers pipeline: model_index.json, unet/, ...
+    <data_dir>/models/<org>/<repo>/<repo>.<precision>-genie/      a Genie bundle: genie_config.json, tokenizer, *.bin
 
 A variant exists once its manifest entry exists. Files are moved into place before the manifest
 names them and the manifest drops them before they are deleted, so a reader (a server in another
@@ -36,6 +37,8 @@ import structlog
 from gateway.errors import BadRequest, GenieXError, ModelNotFound
 from gateway.models.ctranslate2 import MODEL_FILE as CT2_MODEL_FILE
 from gateway.models.ctranslate2 import WHISPER_OPTIONAL, WHISPER_REQUIRED, whisper_precision
+from protocol.genie_bundle import CONFIG_FILE as GENIE_CONFIG
+from protocol.genie_bundle import BundleError, is_bundle, precision_of, read_bundle
 from protocol.npu_cache import NPU_DIR, remove_stale
 from protocol.upstream import UpstreamError, UpstreamSpec
 from protocol.upstream import encode as encode_upstream
@@ -52,11 +55,12 @@ ONNX_ENGINE = "onnx"
 WHISPER_ENGINE = "whisper"
 WHISPER_MODEL_ID = "openai/whisper-tiny.en:ct2-fp16"  # what /v1/audio/transcriptions uses without `model`
 DIFFUSERS_ENGINE = "diffusers"
+QAIRT_ENGINE = "qairt"  # a Genie bundle (protocol/genie_bundle.py), run by libGenie on the NPU
 # A model served elsewhere: its variant's file is a JSON descriptor (protocol/upstream.py).
 UPSTREAM_ENGINE = "upstream"
 UPSTREAM_SUFFIX = ".upstream.json"
 # A model folder's name in its repo folder, per engine: <repo>.<precision><suffix>.
-FOLDER_SUFFIX = {ONNX_ENGINE: "-onnx", WHISPER_ENGINE: "-ct2", DIFFUSERS_ENGINE: "-diffusers"}
+FOLDER_SUFFIX = {ONNX_ENGINE: "-onnx", WHISPER_ENGINE: "-ct2", DIFFUSERS_ENGINE: "-diffusers", QAIRT_ENGINE: "-genie"}
 # A diffusers pipeline folder is one with this file; what is copied of each component's folder:
 # configs, tokenizer files and safetensors weights (never pickles: .bin, .ckpt, .pt).
 DIFFUSERS_INDEX = "model_index.json"
@@ -343,8 +347,8 @@ class ModelStore:
 
     def import_local(self, src: Path, name: str, mmproj: Path | None = None) -> ModelEntry:
         """Copy a local GGUF file, an ONNX model (its folder or .onnx file, with the folder's
-        tokenizer.json), a CTranslate2 Whisper folder, or a diffusers pipeline folder (model_index.json)
-        into the store as `name` (`org/repo[:precision]`)."""
+        tokenizer.json), a CTranslate2 Whisper folder, a diffusers pipeline folder (model_index.json) or
+        a Genie bundle (genie_config.json) into the store as `name` (`org/repo[:precision]`)."""
         src = Path(src).expanduser()
         org, repo, precision = parse_name(name, BadRequest)
         if mmproj is not None and not (src.is_file() and is_gguf(src)):
@@ -355,6 +359,8 @@ class ModelStore:
             return self.import_whisper(src, org, repo, precision)
         if src.is_dir() and (src / DIFFUSERS_INDEX).is_file():
             return self.import_diffusers(src, org, repo, precision)
+        if src.is_dir() and is_bundle(src):
+            return self.import_genie(src, org, repo, precision)
         if src.is_dir() or (src.is_file() and src.suffix.lower() == ".onnx"):
             return self.import_onnx(src, org, repo, precision)
         if not src.is_file():
@@ -461,6 +467,32 @@ class ModelStore:
                         _fsync_file(folder / part / f.name)
             return self._add_folder(org, repo, precision or "default", folder, f"local:{src.absolute()}",
                                     DIFFUSERS_ENGINE)  # fmt: skip
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+
+    def import_genie(self, src: Path, org: str, repo: str, precision: str | None) -> ModelEntry:
+        """Copy a Genie bundle (engine "qairt"): its config and every file it names, checked first
+        (protocol/genie_bundle.py), so that a bundle naming a file outside its folder, or missing
+        one, is refused whole and nothing is written. Its precision, when not given, is the one
+        AI Hub writes in the folder's name (`w4a16`)."""
+        try:
+            bundle = read_bundle(src)
+        except BundleError as exc:
+            raise BadRequest(str(exc)) from None
+        precision = precision or precision_of(src.absolute()) or "default"
+        parse_name(f"{org}/{repo}:{precision}", BadRequest)
+        staging = self.staging_dir()
+        try:
+            folder = staging / "model"
+            for rel in bundle.files:  # links are followed: the copy holds the files themselves
+                (folder / rel).parent.mkdir(parents=True, exist_ok=True)
+                shutil.copyfile(src / rel, folder / rel)
+                _fsync_file(folder / rel)
+            try:
+                read_bundle(folder)  # the copy, as the worker will read it (the source may have changed)
+            except BundleError as exc:
+                raise BadRequest(f"{src} changed while it was copied: {exc}") from None
+            return self._add_folder(org, repo, precision, folder, f"local:{src.absolute()}", QAIRT_ENGINE)
         finally:
             shutil.rmtree(staging, ignore_errors=True)
 
@@ -638,7 +670,8 @@ class ModelStore:
                     continue
                 entry = self._entry(path.parent, manifest, key)
                 if os.path.isfile(entry.path) or any(
-                    os.path.isfile(os.path.join(entry.path, f)) for f in ("model.onnx", CT2_MODEL_FILE, DIFFUSERS_INDEX)
+                    os.path.isfile(os.path.join(entry.path, f))
+                    for f in ("model.onnx", CT2_MODEL_FILE, DIFFUSERS_INDEX, GENIE_CONFIG)
                 ):
                     yield entry  # (files deleted by hand are skipped)
 

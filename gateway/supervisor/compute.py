@@ -50,7 +50,7 @@ def resolve_compute(requested: str | None, engine: str) -> str:
     cannot honour falls back to the CPU with a warning."""
     unit, why = choose(requested, engine)
     if why is not None:
-        _warn_once((requested or "cpu").lower(), engine, why)
+        _warn_once((requested or "cpu").lower(), engine, why, unit)
     return unit
 
 
@@ -61,6 +61,13 @@ def choose(requested: str | None, engine: str) -> tuple[str, str | None]:
     if row.remote:  # computed on another machine: no local unit, no share of the cores
         return "remote", None
     unit = (requested or "cpu").lower()
+    if row.npu_only:
+        # Its models are compiled for the NPU alone (a Genie bundle): the unit is the NPU whatever
+        # was asked (the spec: "QAIRT is NPU-only; other aliases are coerced with a warning");
+        # where the host has none, its worker answers why (a 503).
+        if unit == "npu":
+            return "npu", None
+        return "npu", f"engine {engine} runs only on the NPU; `{unit}` is coerced to npu"
     if unit == "cpu":
         return "cpu", None
     if unit == "npu" and has_htp(engine):  # llama.cpp's own NPU backend
@@ -90,6 +97,8 @@ def why_not_exactly(requested: str, engine: str, model_path: str, nctx: int | No
     unit, why = choose(requested, engine)
     if why is not None:
         return f"`compute`: {requested} is not available for this model: {why}"
+    if engines.info(engine).npu_only and (no_npu := qnn.unavailable_reason()) is not None:
+        return f"`compute`: {requested} is not available for this model: {no_npu}"
     if unit in ("npu", "hybrid") and engines.info(engine).npu == "llama_npu" and not has_htp(engine):
         try:
             plan, _how = npu_plan.plan_here(npu_shape(model_path), nctx)
@@ -101,5 +110,5 @@ def why_not_exactly(requested: str, engine: str, model_path: str, nctx: int | No
 
 
 @functools.cache
-def _warn_once(unit: str, engine: str, why: str) -> None:
-    log.warning("compute unit unavailable; falling back to cpu", requested=unit, engine=engine, reason=why)
+def _warn_once(unit: str, engine: str, why: str, to: str) -> None:
+    log.warning(f"compute unit unavailable; falling back to {to}", requested=unit, engine=engine, reason=why)

@@ -13,6 +13,7 @@ from gateway.models.store import ModelEntry
 from gateway.supervisor.compute import has_htp
 from protocol import engines, npu_plan
 from protocol.engines import EMBED_BATCH_TOKENS
+from protocol.genie_bundle import BundleError, is_bundle, read_bundle
 from protocol.gguf_header import ARCHITECTURE, npu_shape, read_gguf_numbers
 from protocol.wire import Device
 
@@ -70,7 +71,13 @@ def worker_engine(entry: ModelEntry, compute: str = "cpu") -> str:
 
 def trained_context(path: str) -> int | None:
     """The context length a GGUF model was trained for (`<arch>.context_length`); None when the
-    file does not say (or is not a GGUF)."""
+    file does not say (or is not a GGUF). A Genie bundle's is the context its binaries were
+    compiled for (`dialog.context.size`)."""
+    if os.path.isdir(path) and is_bundle(Path(path)):
+        try:
+            return read_bundle(Path(path)).context_size or None
+        except BundleError:
+            return None
     try:
         meta = _header(path, os.path.getmtime(path)) if path.endswith(".gguf") else {}
     except OSError:

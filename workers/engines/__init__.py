@@ -120,6 +120,9 @@ ENGINES: dict[str, str] = {
     # (or, when QNN cannot run it, by the llama.cpp engine on the CPU, saying why).
     "llama_npu": "workers.engines.npu.engine:load",
     "onnx": "workers.engines.onnx:load",
+    # A Genie bundle (Qualcomm AI Hub's genie_config.json, tokenizer and QNN context binaries): chat
+    # on the NPU through libGenie, which the onnxruntime-qnn wheel ships.
+    "qairt": "workers.engines.qairt:load",
     # PP-OCR text detection + recognition (ONNX graphs on our onnxruntime sessions; RapidOCR's
     # pre- and post-processing): /v1/cv.
     "ocr": "workers.engines.ocr:load",
