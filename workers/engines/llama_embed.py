@@ -35,6 +35,7 @@ from workers.engines.llama_runtime import (
     default_threads,
     gpu_layers,
     init_backend,
+    keep_on_cpu,
     load_model,
     put,
     ready,
@@ -80,6 +81,7 @@ class LlamaEmbedEngine(QueuedEngine, VocabTokens):
         cparams.kv_unified = True  # decoder embedders: the batch's sequences share one cache, cleared per batch
         cparams.n_threads = cparams.n_threads_batch = threads
         cparams.no_perf = True
+        keep_on_cpu(cparams, self.n_gpu_layers > 0)
         ctx = L.llama_init_from_model(model, cparams)
         if not ctx:
             L.llama_model_free(model)

@@ -151,10 +151,21 @@ def default_threads(threads: int) -> int:
     return threads or psutil.cpu_count(logical=False) or os.cpu_count() or 1
 
 
+def keep_on_cpu(cparams: L.llama_context_params, offload: bool) -> None:
+    """With no layer offloaded (`compute: cpu`, or `ngl: 0`), nothing runs on a GPU either: a build
+    with a GPU backend would otherwise still send a long prompt's matrix products and the KV cache
+    to the device (llama.cpp's op_offload and offload_kqv), which on lavapipe made the CPU worker's
+    prefill 100x slower, and on a laptop wakes a GPU the request did not ask for."""
+    cparams.op_offload = offload
+    cparams.offload_kqv = offload
+
+
 def slot_context(model: ctypes.c_void_p, *, nctx: int, parallel: int, n_batch: int, threads: int,
-                 what: str = "context") -> ctypes.c_void_p:  # fmt: skip
-    """A context of `parallel` sequences of `nctx` tokens each (kv_unified=False: see llama/engine.py)."""
+                 what: str = "context", offload: bool = False) -> ctypes.c_void_p:  # fmt: skip
+    """A context of `parallel` sequences of `nctx` tokens each (kv_unified=False: see llama/engine.py).
+    `offload`: some layers are on a GPU (see `keep_on_cpu`)."""
     cparams = L.llama_context_default_params()
+    keep_on_cpu(cparams, offload)
     cparams.n_ctx = nctx * parallel
     cparams.n_batch = n_batch
     cparams.n_ubatch = n_batch

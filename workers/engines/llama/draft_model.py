@@ -55,7 +55,8 @@ class DraftModel:
         self.model = model
         self.vocab = L.llama_model_get_vocab(model)
         self.n_vocab = L.llama_vocab_n_tokens(self.vocab)
-        ctx = slot_context(model, nctx=nctx, parallel=parallel, n_batch=n_batch, threads=threads, what="draft context")
+        ctx = slot_context(model, nctx=nctx, parallel=parallel, n_batch=n_batch, threads=threads, what="draft context",
+                           offload=n_gpu_layers > 0)  # fmt: skip
         self.ctx = ctx
         self.mem = L.llama_get_memory(ctx)
         self.n_batch = n_batch

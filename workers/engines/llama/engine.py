@@ -94,7 +94,8 @@ class LlamaEngine(VocabTokens):
         self.nctx = opts.nctx
         self.parallel = max(1, opts.parallel or 1)
         threads = default_threads(opts.threads)
-        self.ctx = slot_context(model, nctx=self.nctx, parallel=self.parallel, n_batch=N_BATCH, threads=threads)
+        self.ctx = slot_context(model, nctx=self.nctx, parallel=self.parallel, n_batch=N_BATCH, threads=threads,
+                                offload=self.n_gpu_layers > 0)  # fmt: skip
         self.mem = L.llama_get_memory(self.ctx)
         self.batch = L.llama_batch_init(N_BATCH, 0, 1)
         self._piece_buf = ctypes.create_string_buffer(256)
