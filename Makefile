@@ -4,11 +4,15 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip --disable-pip-version-check -q
 
-# llama.cpp is compiled for the CPU it is installed on (deploy/llama-cmake-args.sh: native on Arm;
-# on x86 every instruction set the CPU lists but AMX, which some VMs advertise and trap on). The
-# wheel is kept per CPU flavour in ~/.cache/geniex/wheels, so a machine compiles it once and every
-# later install, a fresh clone's included, takes seconds. `make cpu-features` shows what it uses.
+# llama.cpp is compiled for the machine it is installed on (deploy/llama-cmake-args.sh): for its
+# CPU (native on Arm; on x86 every instruction set the CPU lists but AMX, which some VMs advertise
+# and trap on), and with the GPU and NPU backends whose build needs are present (GPU=auto: Vulkan,
+# OpenCL, Hexagon), or those asked for (`make install GPU=vulkan`; GPU=none for the CPU alone).
+# The wheel is kept per flavour in ~/.cache/geniex/wheels, so a machine compiles it once and every
+# later install, a fresh clone's included, takes seconds. `make devices` shows what it uses.
 LLAMA_CPP := llama-cpp-python==0.3.36
+GPU ?= auto
+export GPU
 LLAMA_CMAKE_ARGS ?= $(shell sh deploy/llama-cmake-args.sh)
 BUILD_KEY := $(shell python3 -c 'import hashlib, sys; print(hashlib.sha256(" ".join(sys.argv[1:]).encode()).hexdigest()[:16])' '$(LLAMA_CPP)' "$$(uname -m)" '$(LLAMA_CMAKE_ARGS)')
 WHEELS := $(HOME)/.cache/geniex/wheels/$(BUILD_KEY)
@@ -18,9 +22,10 @@ WHEELS := $(HOME)/.cache/geniex/wheels/$(BUILD_KEY)
 # several GB on Linux; elsewhere, get a CPU build first from https://download.pytorch.org/whl/cpu.
 TORCH := torch==2.13.0
 
-.PHONY: install install-all install-test audio-stt speech-voice diarize browser npm bytecode docs check cpu-features serve test bench clean
+.PHONY: install install-all install-test audio-stt speech-voice diarize browser npm bytecode docs check devices vulkan-headers llama-vulkan serve test bench clean
 
 $(VENV)/.stamp-llama-$(BUILD_KEY):
+	sh deploy/llama-cmake-args.sh >/dev/null  # a backend asked for that cannot be built: its reason, and stop
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PIP) install --upgrade "pip>=24"
 	ls $(WHEELS)/llama_cpp_python-*.whl >/dev/null 2>&1 || \
@@ -106,8 +111,20 @@ install-all: $(VENV)/.stamp-install
 bytecode: $(VENV)/.stamp-install
 	$(PY) -m compileall -q gateway protocol workers
 
-cpu-features: install
+# What the installed llama.cpp build uses: its CPU features and backends, and every device it sees.
+devices: install
 	$(PY) -c 'import llama_cpp; print(llama_cpp.llama_print_system_info().decode())'
+	$(PY) -c 'from workers.engines.llama_runtime import devices; [print(d) for d in devices()]'
+
+# Newer Vulkan headers than the distribution's, for GPU=vulkan on Debian 12 and its kind
+# (deploy/vulkan-headers.sh); then: make install GPU=vulkan VULKAN_HEADERS=<the printed prefix>.
+vulkan-headers:
+	sh deploy/vulkan-headers.sh $(HOME)/.cache/geniex/vulkan-headers/trixie
+
+# llama.cpp's Vulkan build beside the venv's own, in the venv $(VENV)/vulkan (deploy/llama-vulkan.sh):
+# the GPU tests run it on Mesa's lavapipe. Compiled once per machine (about 15 minutes on 2 cores).
+llama-vulkan: install
+	sh deploy/llama-vulkan.sh $(VENV) '$(LLAMA_CPP)'
 
 serve: install bytecode
 	$(VENV)/bin/geniex serve

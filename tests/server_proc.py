@@ -31,8 +31,9 @@ PORT_TAKEN = "the address is already in use"
 
 
 class ServerProcess:
-    def __init__(self, data_dir: Path, *args: str, env: dict[str, str] | None = None) -> None:
+    def __init__(self, data_dir: Path, *args: str, env: dict[str, str] | None = None, python: str = "") -> None:
         self.data_dir = data_dir
+        self.python = python or sys.executable  # another venv's (the Vulkan build's: tests/integration/test_gpu.py)
         self._args = args
         self._env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
         # With --certfile, the certificate is also what clients trust (the tests' own, self-signed).
@@ -46,7 +47,7 @@ class ServerProcess:
         self.port = free_port()
         self.base_url = f"{'https' if '--certfile' in self._args else 'http'}://127.0.0.1:{self.port}"
         self.log_path = self.data_dir / f"server-{self.port}.log"
-        cmd = [sys.executable, "-m", "gateway.cli", "serve", "--host", f"127.0.0.1:{self.port}",
+        cmd = [self.python, "-m", "gateway.cli", "serve", "--host", f"127.0.0.1:{self.port}",
                "--data-dir", str(self.data_dir), *self._args]  # fmt: skip
         self._log = open(self.log_path, "wb")
         self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, env=self._env)
@@ -93,9 +94,9 @@ class ServerProcess:
 
 
 @contextlib.contextmanager
-def serving(data_dir: Path, *args: str, env: dict[str, str] | None = None) -> Iterator[ServerProcess]:
+def serving(data_dir: Path, *args: str, env: dict[str, str] | None = None, python: str = "") -> Iterator[ServerProcess]:
     """A server started and ready for the block (a module fixture's body); stopped after it."""
-    srv = ServerProcess(data_dir, *args, env=env)
+    srv = ServerProcess(data_dir, *args, env=env, python=python)
     try:
         srv.wait_ready()
         yield srv

@@ -15,6 +15,7 @@ import httpx
 import llama_cpp
 import pytest
 
+from gateway.models.store import OCR_MODEL_ID
 from tests.conftest import MODEL
 from tests.server_proc import ServerProcess, serving
 from tests.unit.test_npu_plan import LLAMA_8B, _header_only_gguf
@@ -76,3 +77,17 @@ def test_a_fallback_server_refuses_only_the_request_that_asks(tmp_path: Path) ->
         r = _chat(srv, MODEL, "npu", {"GenieX-Compute-Fallback": "false"})
         assert r.status_code == 400 and "`compute`: npu is not available" in r.json()["error"], r.text
         assert _chat(srv, MODEL, "npu").status_code == 200  # falls back to the CPU, as before
+
+
+def test_a_unit_the_models_engine_has_no_path_for_is_a_400_naming_the_engine(server: ServerProcess) -> None:
+    """OCR runs on the CPU or the NPU; a GPU asked for it, with no fallback allowed, says so."""
+    import base64
+    import io
+
+    from PIL import Image
+
+    png = io.BytesIO()
+    Image.new("RGB", (32, 32), "white").save(png, format="PNG")
+    body = {"model": OCR_MODEL_ID, "image": base64.b64encode(png.getvalue()).decode(), "compute": "gpu"}
+    r = httpx.post(f"{server.base_url}/v1/cv", json=body, timeout=60)
+    assert r.status_code == 400 and "engine ocr has no gpu support" in r.json()["error"], r.text
