@@ -138,6 +138,7 @@ def test_every_registered_engine_declares_what_it_serves() -> None:
         "piper": (Speak,),
         "diffusers": (GenerateImages,),
         "upstream": (Generate, Embed, Rerank),
+        "qairt": (Generate, CountTokens),  # a Genie bundle: chat and completions, no logits
         "fake": (Generate, Embed),  # its Embed is only ever left unanswered (a hung one-shot call)
     }
 
