@@ -11,6 +11,14 @@ prompt with its own session line, so nothing is reused across runs. It reports, 
 turn, the median time to first token over the conversations, the total wall time of the
 scenario and the prompt tokens reported as reused, then the ratios the issue sets as goals, and
 one JSON line.
+
+    .venv/bin/python bench/multiturn.py --after-stop [--rounds 2]
+
+measures instead the turn after a worker is gone: a conversation of about 2,000 tokens, then its
+next turn after `POST /v1/models/unload` (an idle stop) and after a restart of the server on the
+same data dir, with the prompt cache's disk tier (`--cache-disk`, the default) and without
+(`--cache-disk 0`), two servers in one run, rounds alternating. Time to first token, the worker's
+load included (what a user waits), and with the worker loaded first (the restore alone).
 """
 
 from __future__ import annotations
@@ -122,6 +130,77 @@ async def scenario(client: openai.AsyncOpenAI, args: argparse.Namespace, body: d
     return {"wall_s": wall, "turns": per_turn, "ttft_later_s": statistics.mean(later) if later else None}
 
 
+def after_stop(args: argparse.Namespace) -> dict[str, Any]:
+    """The turn after an idle stop and after a restart, with the disk tier and without."""
+    import httpx
+
+    def ttft(base: str, messages: list[dict[str, str]]) -> tuple[float, int]:
+        body = {"model": args.model, "messages": messages, "max_tokens": 8, "temperature": 0, "stream": True,
+                "stream_options": {"include_usage": True}}  # fmt: skip
+        t0 = time.perf_counter()
+        first, cached = 0.0, 0
+        with httpx.stream("POST", f"{base}/v1/chat/completions", json=body, timeout=600) as r:
+            if r.status_code != 200:
+                raise RuntimeError(f"{r.status_code}: {r.read().decode(errors='replace')}")
+            for line in r.iter_lines():
+                if not line.startswith("data: {"):
+                    continue
+                chunk = json.loads(line[6:])
+                if not first and chunk.get("choices") and chunk["choices"][0]["delta"].get("content"):
+                    first = time.perf_counter() - t0
+                usage = chunk.get("usage") or {}
+                cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens", cached) or cached
+        if not first:
+            raise RuntimeError("no token came back")
+        return first, cached
+
+    def unload(base: str, load_again: bool) -> None:
+        httpx.post(f"{base}/v1/models/unload", json={"model": args.model}, timeout=60).raise_for_status()
+        if load_again:
+            httpx.post(f"{base}/v1/models/load", json={"model": args.model}, timeout=300).raise_for_status()
+
+    modes = {"disk tier": [], "no disk tier": ["--cache-disk", "0"]}
+    results: dict[str, dict[str, list[float]]] = {m: {} for m in modes}
+    with tempfile.TemporaryDirectory(prefix="geniex-after-stop-") as tmp:
+        for r in range(args.rounds):
+            for mode in list(modes)[r % 2 :] + list(modes)[: r % 2]:
+                data = Path(tmp) / mode.replace(" ", "-")
+                flags = ("--nctx", str(args.nctx), "--parallel", "1", *modes[mode])
+                srv = Server(data, *flags)
+                srv.wait_ready()
+                system = system_prompt(uuid.uuid4().hex)
+                convo = [{"role": "system", "content": system}, {"role": "user", "content": user_turn(0, 1)}]
+                cold, _ = ttft(srv.base_url, convo)
+                prompt = httpx.post(f"{srv.base_url}/v1/messages/count_tokens", timeout=60,
+                                    json={"model": args.model, "messages": [{"role": "user", "content": system}]})  # fmt: skip
+                turn = [
+                    *convo,
+                    {"role": "assistant", "content": "Noted."},
+                    {"role": "user", "content": user_turn(0, 2)},
+                ]
+                got: dict[str, float] = {"cold turn 1": cold, "system prompt tokens": prompt.json()["input_tokens"]}
+                for label, load_again in (("after unload, load included", False), ("after unload, loaded", True)):
+                    unload(srv.base_url, load_again)
+                    got[label], cached = ttft(srv.base_url, turn)
+                    got[f"{label}: cached tokens"] = cached
+                srv.stop()
+                srv = Server(data, *flags)
+                srv.wait_ready()
+                got["after restart"], got["after restart: cached tokens"] = ttft(srv.base_url, turn)
+                srv.stop()
+                for k, v in got.items():
+                    results[mode].setdefault(k, []).append(v)
+                log(f"round {r + 1}/{args.rounds} {mode}: " + ", ".join(f"{k} {v:.2f}" for k, v in got.items()))
+    out: dict[str, Any] = {"modes": {m: {k: statistics.median(v) for k, v in ks.items()} for m, ks in results.items()}}
+    on, off = out["modes"]["disk tier"], out["modes"]["no disk tier"]
+    out["ratios"] = {
+        f"{k}: without over with": off[k] / on[k]
+        for k in on
+        if "cached" not in k and "cold" not in k and "tokens" not in k
+    }
+    return out
+
+
 def median_of(runs: list[dict[str, Any]], key: str) -> float:
     return statistics.median(r[key] for r in runs)
 
@@ -197,7 +276,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--nctx", type=int, default=4096)
     p.add_argument("--server-arg", action="append", default=[], help="passed to `geniex serve` (repeatable)")
     p.add_argument("--json", type=Path, default=REPO / "bench" / "results" / "multiturn.json")
+    p.add_argument("--after-stop", action="store_true", help="the turn after an idle stop and a restart (see above)")
     args = p.parse_args(argv)
+    if args.after_stop:
+        out = after_stop(args)
+        print(json.dumps(out, indent=2))
+        return 0
     res = asyncio.run(amain(args))
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(res, indent=2))

@@ -15,6 +15,7 @@ import msgspec
 from msgspec import Meta
 
 from protocol.limits import MAX_MESSAGES, MAX_STOP, MAX_TOOLS, Count, PositiveInt, StopString
+from protocol.overflow import Truncated, Truncation
 
 # ---- content blocks (request and response) -----------------------------------
 
@@ -148,6 +149,9 @@ class MessagesRequest(MessagesInput, kw_only=True):
     top_p: Annotated[float, Meta(ge=0, le=1)] | None = None
     top_k: Count | None = None
     metadata: Metadata | None = None
+    # GenieX extension, as on chat: `auto` drops the oldest turns of a conversation longer than the
+    # context (protocol/overflow.py); absent: the server's --truncation.
+    truncation: Truncation | None = None
 
 
 class CountTokensRequest(MessagesInput, kw_only=True):
@@ -182,6 +186,7 @@ class Message(msgspec.Struct, kw_only=True):
     stop_reason: StopReason | None = None
     stop_sequence: str | None = None
     usage: Usage
+    truncated: Truncated | msgspec.UnsetType = msgspec.UNSET  # GenieX extension: what `truncation: auto` dropped
 
 
 # ---- stream events -------------------------------------------------------------

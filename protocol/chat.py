@@ -21,6 +21,7 @@ from protocol.limits import (
     PositiveInt,
     Stop,
 )
+from protocol.overflow import Truncated, Truncation
 
 Role = Literal["system", "developer", "user", "assistant", "tool", "function"]
 # Any case (the spec's clients send "GPU" too); resolve_compute reads it in lower case.
@@ -137,6 +138,9 @@ class ChatRequest(GenerationRequest, kw_only=True):
     spec_n_min: Count | None = None  # 0/None: no minimum draft length
     spec_p_min: Unit | None = None  # 0/None: no draft-probability cut-off
     image_max_length: PositiveInt | None = None  # the spec's, for vision models; checked, unused until they exist
+    # GenieX extension: a conversation longer than the context is refused (`disabled`) or loses its
+    # oldest turns until it fits (`auto`, protocol/overflow.py); absent: the server's --truncation.
+    truncation: Truncation | None = None
 
 
 class TopLogprob(msgspec.Struct):
@@ -200,6 +204,7 @@ class ChatCompletion(msgspec.Struct):
     usage: Usage
     object: str = "chat.completion"
     system_fingerprint: str | None = None
+    truncated: Truncated | msgspec.UnsetType = msgspec.UNSET  # only when messages were dropped
 
 
 class ChunkFunction(msgspec.Struct, omit_defaults=True):
@@ -238,3 +243,4 @@ class ChatCompletionChunk(msgspec.Struct, omit_defaults=True):
     model: str
     choices: list[ChunkChoice]
     usage: Usage | None = None
+    truncated: Truncated | None = None  # on the first chunk of each choice, when messages were dropped

@@ -38,6 +38,9 @@ class EngineInfo(msgspec.Struct, frozen=True, kw_only=True):
     # Runs only on the NPU (its models are compiled for it, with no CPU path): any other unit asked
     # for is coerced to `npu` with a warning, and where there is no NPU its worker says why.
     npu_only: bool = False
+    # Stores its KV cache (and its draft models') in `--cache-type-k`/`-v` (protocol/kv_cache.py);
+    # any other engine's is f16 (a GGUF embedder's: one batch, cleared after it) or its own.
+    kv_types: bool = False
 
     @property
     def units(self) -> tuple[str, ...]:
@@ -64,7 +67,7 @@ ENGINES: dict[str, EngineInfo] = {
     for e in (
         EngineInfo(name="llama_cpp", capabilities=("chat", "completion", "tools", "logits"), memory="gguf", gpu=True,
                    npu="llama_npu", hybrid=True, embedder="llama_embed", tokenizer=True, prompt_cache=True,
-                   projector=True),
+                   projector=True, kv_types=True),
         EngineInfo(name="llama_npu", capabilities=("chat", "completion", "tools", "logits"), memory="npu_graph",
                    npu="llama_npu", hybrid=True, tokenizer=True, projector=True, first_load_s=NPU_FIRST_LOAD_S,
                    npu_cache=True),

@@ -2,7 +2,7 @@
 
 Only the wire shapes live here; `gateway/chat/responses.py` translates them to and from the chat
 plan, so there is one decode path. Unknown fields are ignored (clients send `include`,
-`truncation`, `service_tier`, `client_metadata` and more); known ones are validated, so a bad
+`service_tier`, `client_metadata` and more); known ones are validated, so a bad
 value is a 400 naming the field. Items, parts and formats are tagged by their `type`, as OpenAI
 spells them.
 
@@ -20,6 +20,7 @@ from msgspec import Meta
 
 from protocol.chat import Compute
 from protocol.limits import MAX_MESSAGES, MAX_TOOLS, Count, KeepAlive, PositiveInt
+from protocol.overflow import Truncated, Truncation
 
 # ---- input items ---------------------------------------------------------------
 
@@ -207,6 +208,9 @@ class ResponsesRequest(msgspec.Struct, kw_only=True):
     compute: Compute | None = None
     keep_alive: KeepAlive | None = None
     cache_salt: Annotated[str, Meta(max_length=256)] | None = None
+    # `auto`: a conversation longer than the context loses its oldest items until it fits
+    # (protocol/overflow.py); `disabled`: it is a 400. Absent: the server's --truncation.
+    truncation: Truncation | None = None
 
 
 # ---- the response --------------------------------------------------------------
@@ -296,7 +300,8 @@ class Response(msgspec.Struct, kw_only=True):
     # a hosted tool this server does not run is left out here, as it was from the prompt.
     tools: list[dict[str, Any]] = msgspec.field(default_factory=list)
     top_p: float | None = None
-    truncation: Literal["disabled"] = "disabled"
+    truncation: Truncation = "disabled"
+    truncated: Truncated | msgspec.UnsetType = msgspec.UNSET  # GenieX extension: what `truncation: auto` dropped
     usage: Usage | None = None
     user: str | None = None
     metadata: dict[str, str] = msgspec.field(default_factory=dict)

@@ -17,6 +17,8 @@ from typing import Any, Literal
 import msgspec
 
 PROTOCOL_VERSION = 9
+# The data dir's folder of the chat workers' saved prompt states (workers/engines/llama/disk_cache.py).
+PROMPT_CACHE_DIR = "prompt-cache"
 
 # The speculation types a worker implements; the gateway refuses every other before sending.
 SpecType = Literal["ngram-simple", "ngram-map-k", "draft-simple"]
@@ -108,6 +110,9 @@ class Generate(msgspec.Struct, tag="generate", array_like=True, omit_defaults=Tr
     cache: bool = True
     cache_key: str = ""
     images: list[ImageInput] = []  # for `{"type": "image"}` parts of `messages`, in order
+    # `auto`: a conversation longer than the context loses its oldest turns until it fits
+    # (protocol/overflow.py); `disabled`: it is refused (context_length_exceeded).
+    truncation: Literal["disabled", "auto"] = "disabled"
 
 
 class CountTokens(msgspec.Struct, tag="count_tokens", array_like=True, omit_defaults=True):
@@ -332,6 +337,11 @@ class Ready(msgspec.Struct, tag="ready", array_like=True, omit_defaults=True):
     # `ngl` as the worker applied it, 0 when everything runs on the CPU.
     offloaded_layers: int = 0
     n_layers: int = 0
+    # The types its KV cache is stored in (protocol/kv_cache.py; "" when it keeps none llama.cpp's way),
+    # and one token's K and V in every layer, in bytes, as the loaded model's shape and those types make it.
+    kv_bytes_per_token: int = 0
+    cache_type_k: str = ""
+    cache_type_v: str = ""
 
 
 class Started(msgspec.Struct, tag="started", array_like=True, omit_defaults=True):
@@ -346,6 +356,15 @@ class Started(msgspec.Struct, tag="started", array_like=True, omit_defaults=True
     # The worker's prompt cache after this admission: bytes held in RAM, entries evicted so far.
     cache_bytes: int = 0
     cache_evictions: int = 0
+    # Its disk tier (workers/engines/llama/disk_cache.py): bytes of states on disk, states restored
+    # from it, evicted from it, and writes that failed (a full disk), so far.
+    disk_bytes: int = 0
+    disk_hits: int = 0
+    disk_evictions: int = 0
+    disk_write_errors: int = 0
+    # `truncation: auto` dropped this many messages, and the prompt this many tokens, to fit.
+    dropped_messages: int = 0
+    dropped_tokens: int = 0
 
 
 class TokenLogprob(msgspec.Struct, array_like=True, gc=False):

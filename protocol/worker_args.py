@@ -18,9 +18,14 @@ class WorkerArgs(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
     nice: int = 0  # added to the process's nice value before any thread starts
     batch_tokens: int = 0  # an embedding engine's tokens per decode (0: its default)
     cache_ram_mb: int = 0  # the chat engine's prompt cache in host RAM (0: none)
+    cache_disk_mb: int = 0  # ... and on disk, under it (0: none)
+    prompt_cache_dir: str = ""  # where the disk tier keeps its files ("": none)
     cache_dir: str = ""  # the NPU chat engine's converted graphs ("": the default data dir's npu/)
     mmproj: str = ""  # the chat engine's multimodal projector GGUF ("": none)
     npu_performance: str = "auto"  # QNN's HTP performance mode (protocol/qnn.py PERFORMANCE_MODES)
+    # The llama.cpp chat engine's KV cache types (protocol/kv_cache.py KV_TYPES), for its draft models too.
+    cache_type_k: str = "f16"
+    cache_type_v: str = "f16"
     name: str = "worker"  # in its log lines
     log_level: str = "info"
     # Set by the gateway as it starts the process: the two ZeroMQ endpoints and its own pid.

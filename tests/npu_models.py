@@ -4,6 +4,7 @@ it quantized by llama.cpp's own quantizer (Q4_0, Q8_0, and F32 ones of those, fo
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -65,12 +66,12 @@ def converted_copy(ftype: str, tmp_path_factory: pytest.TempPathFactory) -> tupl
 
 
 def llama_shaped_gguf(path: Path, *, n_layer: int = 16, n_embd: int = 2048, n_head: int = 32, n_head_kv: int = 8,
-                      n_ff: int = 8192, n_vocab: int = 49152, seed: int = 0) -> str:  # fmt: skip
+                      n_ff: int = 8192, n_vocab: int = 49152, seed: int = 0, tokenizer: bool = False) -> str:  # fmt: skip
     """A llama GGUF of random weights, Llama-3.2-1B's shape by default (its vocabulary cut from
     128256 to 49152 rows): every matrix Q4_0, the token embedding (tied to the head) Q8_0, as
     llama.cpp's Q4_0 files keep the head at 6-8 bits; random block bytes with valid fp16 scales,
-    streamed to the file a tensor at a time. No tokenizer (the converter reads none): `llama.vocab_size`
-    says the vocabulary's size."""
+    streamed to the file a tensor at a time. No tokenizer (the converter reads none) unless `tokenizer`:
+    `llama.vocab_size` says the vocabulary's size."""
     import gguf
     import numpy as np
 
@@ -108,6 +109,8 @@ def llama_shaped_gguf(path: Path, *, n_layer: int = 16, n_embd: int = 2048, n_he
     w.add_rope_freq_base(500000.0)
     w.add_layer_norm_rms_eps(1e-5)
     w.add_vocab_size(n_vocab)  # the gateway's plan reads it (no token list here)
+    if tokenizer:  # llama.cpp can then load it (bench/kv_types.py); the vocabulary must be the bundled one's size
+        add_bundled_tokenizer(w)
     for name, rows, cols, qtype in tensors:
         if qtype == f32:
             w.add_tensor_info(name, (cols,), np.dtype(np.float32), 4 * cols)
@@ -123,6 +126,20 @@ def llama_shaped_gguf(path: Path, *, n_layer: int = 16, n_embd: int = 2048, n_he
         w.write_tensor_data(data(rows, cols, qtype))
     w.close()
     return str(path)
+
+
+def add_bundled_tokenizer(w: Any) -> None:
+    """The bundled model's tokenizer (49152 tokens), which llama.cpp needs to load a model, on a GGUFWriter."""
+    import gguf
+
+    src = gguf.GGUFReader(bundled_gguf())
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("smollm")
+    for key, add in (("tokens", w.add_token_list), ("token_type", w.add_token_types),
+                     ("merges", w.add_token_merges)):  # fmt: skip
+        add(src.fields[f"tokenizer.ggml.{key}"].contents())
+    w.add_bos_token_id(1)
+    w.add_eos_token_id(2)
 
 
 class TinyGGUF:
@@ -145,14 +162,7 @@ class TinyGGUF:
         w.add_head_count(n_head)
         w.add_head_count_kv(n_kv)
         if tokenizer:
-            src = gguf.GGUFReader(bundled_gguf())
-            w.add_tokenizer_model("gpt2")
-            w.add_tokenizer_pre("smollm")
-            for key, add in (("tokens", w.add_token_list), ("token_type", w.add_token_types),
-                             ("merges", w.add_token_merges)):  # fmt: skip
-                add(src.fields[f"tokenizer.ggml.{key}"].contents())
-            w.add_bos_token_id(1)
-            w.add_eos_token_id(2)
+            add_bundled_tokenizer(w)
 
     def tensor(self, name: str, *shape: int, scale: float = 0.2, base: float = 0.0) -> None:
         import numpy as np

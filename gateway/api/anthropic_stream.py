@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 
+import msgspec
 from litestar.response import ServerSentEventMessage
 
 from gateway.api import dialect_stream
@@ -30,7 +31,9 @@ class AnthropicEvents:
     def start(self, prompt_tokens: int, cached_tokens: int) -> list[a.StreamEvent]:
         usage = a.Usage(input_tokens=prompt_tokens - cached_tokens, output_tokens=0,
                         cache_read_input_tokens=cached_tokens)  # fmt: skip
-        return [a.MessageStart(a.Message(id=message_id(self.c.id), model=self.c.model, content=[], usage=usage))]
+        message = a.Message(id=message_id(self.c.id), model=self.c.model, content=[], usage=usage,
+                            truncated=self.c.truncated or msgspec.UNSET)  # fmt: skip
+        return [a.MessageStart(message)]
 
     def text(self, text: str) -> list[a.StreamEvent]:
         return self.blocks.text(text)

@@ -41,12 +41,12 @@ async def chat_completions(request: Request, body: RawBody,
     images = await services.images(data.messages, entry, max_length=data.image_max_length)
     plan = plan_chat(data, current_request_id() or "", services.store, services.settings.grammar_dirs,
                      keep_cache=header_true(request, KEEP_CACHE_HEADER), tenant=tenant_of(request),
-                     images=images)  # fmt: skip
+                     images=images, truncation=services.settings.truncation)  # fmt: skip
     accounting = services.accounting(entry.id, caller_of(request), data.user)
     completion = relay.Completion(entry.id, accounting, data.n)  # a warm-up never settles it: not counted
     worker = await completion.guard(services.worker(entry, nctx=data.nctx, compute=data.compute, ngl=data.ngl,
                                                     keep_alive=data.keep_alive,
-                                                    prompt_chars=prompt_chars(data.messages),
+                                                    prompt_chars=prompt_chars(data.messages, plan.generate.truncation),
                                                     draft_path=plan.draft_path,
                                                     fallback=header_flag(request, COMPUTE_FALLBACK_HEADER)))  # fmt: skip
     if not data.messages:  # warm-up: load the model, answer null

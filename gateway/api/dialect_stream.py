@@ -65,6 +65,8 @@ def sse(c: Completion, shaper: ChoiceShaper, render: Renderer, first: Tagged,
         while True:
             _, msg = item
             if not started:  # a worker always sends Started first; never leave the client without the opening
+                if isinstance(msg, Started):
+                    c.started(msg)  # the opening says what truncation dropped
                 tokens = (msg.prompt_tokens, msg.cached_tokens) if isinstance(msg, Started | Done) else (0, 0)
                 for ev in render.start(*tokens):
                     yield event(ev)

@@ -47,8 +47,16 @@ class WorkerInfo(msgspec.Struct):
     n_layers: int | None = None
     cache_bytes: int = 0  # host RAM in saved prompt states
     cache_evictions: int = 0
+    disk_cache_bytes: int = 0  # its prompt states on disk (the data dir's prompt-cache/)
+    disk_cache_hits: int = 0
+    disk_cache_evictions: int = 0
+    disk_cache_write_errors: int = 0
     runs_on: str | None = None  # the unit the worker really runs on (`compute` is the one asked for)
     fallback: str | None = None  # why it runs on the CPU instead of the unit asked for
+    # Its KV cache's types and one token's K and V in bytes, as the worker computed them from its model.
+    cache_type_k: str | None = None
+    cache_type_v: str | None = None
+    kv_bytes_per_token: int | None = None
     upstream: UpstreamInfo | None = None  # only for a model served elsewhere (engine "upstream")
 
 
@@ -108,8 +116,15 @@ async def workers(services: NamedDependency[Services]) -> WorkerTable:
                 n_layers=(h.ready_info.n_layers or None) if h.ready_info else None,
                 cache_bytes=h.cache_bytes,
                 cache_evictions=h.cache_evictions,
+                disk_cache_bytes=h.disk[0],
+                disk_cache_hits=h.disk[1],
+                disk_cache_evictions=h.disk[2],
+                disk_cache_write_errors=h.disk[3],
                 runs_on=h.ready_info.compute if h.ready_info else None,
                 fallback=(h.ready_info.fallback or None) if h.ready_info else None,
+                cache_type_k=(h.ready_info.cache_type_k or None) if h.ready_info else None,
+                cache_type_v=(h.ready_info.cache_type_v or None) if h.ready_info else None,
+                kv_bytes_per_token=(h.ready_info.kv_bytes_per_token or None) if h.ready_info else None,
                 upstream=_upstream(h.upstream_health),
             )
         )

@@ -41,10 +41,11 @@ async def create_message(request: Request, body: RawBody,
     images = await services.images(req.messages, entry, fields=image_fields(data))
     plan = plan_chat(req, current_request_id() or "", services.store, services.settings.grammar_dirs,
                      keep_cache=header_true(request, KEEP_CACHE_HEADER), tenant=tenant_of(request),
-                     images=images)  # fmt: skip
+                     images=images, truncation=services.settings.truncation)  # fmt: skip
     accounting = services.accounting(entry.id, caller_of(request), req.user)
     completion = relay.Completion(entry.id, accounting, id_prefix="msg")
-    worker = await completion.guard(services.worker(entry, prompt_chars=prompt_chars(req.messages)))
+    chars = prompt_chars(req.messages, plan.generate.truncation)
+    worker = await completion.guard(services.worker(entry, prompt_chars=chars))
     shaper = ChoiceShaper(0, plan.shape, worker.ready_info.tool_format if worker.ready_info else "")
     stream = relay.fan_out(worker, plan.generations())
     if not data.stream:

@@ -12,6 +12,8 @@ import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import TypeVar
 
+import msgspec
+
 from gateway.api.encoding import encode
 from gateway.api.stream_billing import FINAL, Stream, billed
 from gateway.chat.shape import ChoiceShaper
@@ -28,6 +30,7 @@ from protocol.chat import (
     PromptTokensDetails,
     Usage,
 )
+from protocol.overflow import Truncated
 from protocol.wire import Delta, Done, Generate, Started
 
 CHUNK = "chat.completion.chunk"
@@ -49,6 +52,13 @@ class Completion:
         self.tokens = [0] * n  # completion tokens so far, per choice
         self.accounting = accounting
         self.speculative = False  # report draft tokens accepted/rejected in the usage
+        self.truncated: Truncated | None = None  # what `truncation: auto` dropped from the prompt
+
+    def started(self, msg: Started) -> None:
+        """A choice's prompt was admitted: note what truncation dropped from it (every choice of a
+        request reads the same prompt, so the first to report it speaks for all)."""
+        if msg.dropped_messages and self.truncated is None:
+            self.truncated = Truncated(messages=msg.dropped_messages, tokens=msg.dropped_tokens)
 
     def first_token(self) -> None:
         self.accounting.first_token()
@@ -159,6 +169,7 @@ async def collect_events(c: Completion, stream: AsyncIterator[Tagged], on_delta:
     c.accounting.bills_partial = False
     async for i, msg in stream:
         if isinstance(msg, Started):
+            c.started(msg)
             on_started(i, msg)
             continue
         if isinstance(msg, Done):
@@ -191,13 +202,15 @@ async def collect(c: Completion, shapers: list[ChoiceShaper], stream: AsyncItera
         Choice(index=s.index, message=s.message(), finish_reason=reasons.get(s.index), logprobs=s.choice_logprobs())
         for s in shapers
     ]
-    return ChatCompletion(id=c.id, created=c.created, model=c.model, choices=choices, usage=c.usage())
+    return ChatCompletion(id=c.id, created=c.created, model=c.model, choices=choices, usage=c.usage(),
+                          truncated=c.truncated or msgspec.UNSET)  # fmt: skip
 
 
 def _chunk(c: Completion, index: int, delta: ChunkDelta, finish: str | None = None,
-           logprobs: ChoiceLogprobs | None = None) -> bytes:  # fmt: skip
+           logprobs: ChoiceLogprobs | None = None, truncated: Truncated | None = None) -> bytes:  # fmt: skip
     choice = ChunkChoice(index=index, delta=delta, finish_reason=finish, logprobs=logprobs)
-    return encode(ChatCompletionChunk(id=c.id, object=CHUNK, created=c.created, model=c.model, choices=[choice]))
+    return encode(ChatCompletionChunk(id=c.id, object=CHUNK, created=c.created, model=c.model, choices=[choice],
+                                      truncated=truncated))  # fmt: skip
 
 
 def sse(c: Completion, shapers: list[ChoiceShaper], first: Tagged, rest: AsyncIterator[Tagged],
@@ -222,7 +235,9 @@ def sse(c: Completion, shapers: list[ChoiceShaper], first: Tagged, rest: AsyncIt
         )
 
     plain = all(s.plain for s in shapers)
-    opening = [_chunk(c, s.index, ChunkDelta(role="assistant", content="")) for s in shapers]
+    if isinstance(first[1], Started):  # the opening chunks go out first: they carry what truncation dropped
+        c.started(first[1])
+    opening = [_chunk(c, s.index, ChunkDelta(role="assistant", content=""), truncated=c.truncated) for s in shapers]
     return stream_events(
         c,
         first,
@@ -252,6 +267,7 @@ def stream_events(c: Completion, first: Tagged, rest: AsyncIterator[Tagged], ope
         while True:
             i, msg = item
             if isinstance(msg, Started):
+                c.started(msg)
                 on_started(i, msg)
             elif isinstance(msg, Done):
                 before, after = on_done(i, msg)

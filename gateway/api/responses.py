@@ -68,6 +68,8 @@ async def _collect(c: relay.Completion, shaper: ChoiceShaper, out: OutputStream,
         shaper.start(msg.reasoning_open)
 
     await relay.collect_events(c, stream, on_delta, on_done, on_started)
+    if c.truncated is not None:
+        out.response.truncated = c.truncated
     out.finish(reason, c.usage())
     return out.response
 
@@ -87,17 +89,18 @@ async def create_response(request: Request, body: RawBody,
     images = await services.images(req.messages, entry, fields=image_fields(data))
     plan = plan_chat(req, current_request_id() or "", services.store, services.settings.grammar_dirs,
                      keep_cache=header_true(request, KEEP_CACHE_HEADER), tenant=tenant_of(request),
-                     images=images)  # fmt: skip
+                     images=images, truncation=services.settings.truncation)  # fmt: skip
     accounting = services.accounting(entry.id, caller_of(request), req.user)
     completion = relay.Completion(entry.id, accounting, id_prefix="resp")
     worker = await completion.guard(services.worker(entry, nctx=data.nctx, compute=data.compute,
                                                     keep_alive=data.keep_alive,
-                                                    prompt_chars=prompt_chars(req.messages),
+                                                    prompt_chars=prompt_chars(req.messages, plan.generate.truncation),
                                                     fallback=header_flag(request, COMPUTE_FALLBACK_HEADER)))  # fmt: skip
     shaper = ChoiceShaper(0, plan.shape, worker.ready_info.tool_format if worker.ready_info else "")
     sampling = plan.generate.sampling
     response_id = "resp_" + completion.id.rpartition("-")[2]
-    response = skeleton(data, tools, response_id, completion.created, entry.id, sampling.temperature, sampling.top_p)
+    response = skeleton(data, tools, response_id, completion.created, entry.id, sampling.temperature, sampling.top_p,
+                        plan.generate.truncation)  # fmt: skip
     out = OutputStream(response, tools, summary=wants_summary(data))
 
     def keep(response: r.Response) -> None:

@@ -24,11 +24,14 @@ from protocol.wire import Done
 
 
 class ResponsesEvents:
-    def __init__(self, out: OutputStream, keep: Callable[[r.Response], None]) -> None:
+    def __init__(self, c: Completion, out: OutputStream, keep: Callable[[r.Response], None]) -> None:
+        self.c = c
         self.out = out
         self.keep = keep
 
     def start(self, prompt_tokens: int, cached_tokens: int) -> list[r.StreamEvent]:
+        if self.c.truncated is not None:  # from the first event on, what truncation dropped
+            self.out.response.truncated = self.c.truncated
         return self.out.start()
 
     def text(self, text: str) -> list[r.StreamEvent]:
@@ -52,4 +55,4 @@ class ResponsesEvents:
 def sse(c: Completion, shaper: ChoiceShaper, out: OutputStream, first: Tagged, rest: AsyncIterator[Tagged],
         keep: Callable[[r.Response], None]) -> AsyncIterator[ServerSentEventMessage]:  # fmt: skip
     """`keep` stores the finished response (when asked to)."""
-    return dialect_stream.sse(c, shaper, ResponsesEvents(out, keep), first, rest)
+    return dialect_stream.sse(c, shaper, ResponsesEvents(c, out, keep), first, rest)

@@ -244,6 +244,7 @@ def chat_request(req: a.MessagesInput) -> chat.ChatRequest:
             "top_p": req.top_p,
             "top_k": req.top_k,
             "user": req.metadata.user_id if req.metadata else None,
+            "truncation": req.truncation,
         }
     return chat.ChatRequest(
         model=req.model,
@@ -315,7 +316,8 @@ def message_of(completion: chat.ChatCompletion, stop_sequence: str) -> a.Message
     choice = completion.choices[0]
     return a.Message(id=message_id(completion.id), model=completion.model, content=blocks_of(choice.message),
                      stop_reason=stop_reason(choice.finish_reason, stop_sequence),
-                     stop_sequence=stop_sequence or None, usage=usage_of(completion.usage))  # fmt: skip
+                     stop_sequence=stop_sequence or None, usage=usage_of(completion.usage),
+                     truncated=completion.truncated)  # fmt: skip
 
 
 # ---- chat pieces -> stream events ----------------------------------------------

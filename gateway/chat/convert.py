@@ -15,6 +15,7 @@ from gateway.chat.reasoning import splits_reasoning
 from gateway.chat.speculation import speculation_of
 from gateway.errors import BadRequest
 from gateway.models.store import ModelStore
+from protocol import overflow
 from protocol.chat import ChatMessage, ChatRequest, GenerationRequest
 from protocol.wire import Generate, ImageInput, Sampling
 
@@ -134,8 +135,12 @@ def stop_list(stop: str | list[str] | None) -> list[str]:
     return [s for s in stops if s]
 
 
-def prompt_chars(messages: list[ChatMessage]) -> int:
-    """The text the conversation carries, before its template: what the prompt at least holds."""
+def prompt_chars(messages: list[ChatMessage], truncation: str = "disabled") -> int:
+    """The text the conversation carries, before its template: what the prompt at least holds.
+    With `truncation: auto`, only the messages that cannot be dropped (protocol/overflow.py)."""
+    if truncation == "auto":
+        droppable = {i for g in overflow.groups([m.role for m in messages]) for i in g}
+        messages = [m for i, m in enumerate(messages) if i not in droppable]
     total = 0
     for m in messages:
         if isinstance(m.content, str):
@@ -203,11 +208,13 @@ def seeded(g: Generate, i: int) -> Generate:
 
 
 def plan_chat(req: ChatRequest, log_id: str, store: ModelStore, grammar_dirs: list[Path],
-              keep_cache: bool = False, tenant: str = "", images: list[ImageInput] | None = None) -> ChatPlan:  # fmt: skip
+              keep_cache: bool = False, tenant: str = "", images: list[ImageInput] | None = None,
+              truncation: str = "disabled") -> ChatPlan:  # fmt: skip
     """Check and convert a chat request, before any model is loaded for it.
 
     `store` resolves a speculative request's draft model (`spec_draft_model`);
-    `grammar_dirs` are the folders `grammar_path` may read from.
+    `grammar_dirs` are the folders `grammar_path` may read from; `truncation` is the server's
+    default for a request without its own (`--truncation`).
     """
     tools, forced = tool_mode(req)
     check_tools(req.tools)
@@ -236,5 +243,6 @@ def plan_chat(req: ChatRequest, log_id: str, store: ModelStore, grammar_dirs: li
         special=shape.tools is not None or shape.reasoning,
         tools=_tools(req) if req.tools and tools != "none" else None,
         images=images or [],
+        truncation="auto" if (req.truncation or truncation) == "auto" else "disabled",
     )
     return ChatPlan(generate, shape, req.n)

@@ -17,6 +17,7 @@ from gateway.chat.responses_tools import Toolset, seen_name, tool_choice, toolse
 from gateway.errors import BadRequest
 from protocol import chat
 from protocol import responses as r
+from protocol.overflow import Truncation
 
 _NOT_READ = "{kind} parts are not read here (images are read as `input_image` parts of a user message)"
 
@@ -245,6 +246,7 @@ def chat_request(req: r.ResponsesRequest, history: list[chat.ChatMessage]) -> Tr
         compute=req.compute,
         keep_alive=req.keep_alive,
         cache_salt=_cache_salt(req),
+        truncation=req.truncation,
     )
     return Translation(request=chat_req, conversation=conversation, tools=tools)
 
@@ -253,9 +255,10 @@ def chat_request(req: r.ResponsesRequest, history: list[chat.ChatMessage]) -> Tr
 
 
 def skeleton(req: r.ResponsesRequest, tools: Toolset, response_id: str, created_at: int, model: str,
-             temperature: float, top_p: float) -> r.Response:  # fmt: skip
+             temperature: float, top_p: float, truncation: Truncation = "disabled") -> r.Response:  # fmt: skip
     """The response before any output: the request's settings echoed (`temperature`, `top_p`: the
-    values sampling uses; `tools`: those offered to the model)."""
+    values sampling uses; `tools`: those offered to the model; `truncation`: the request's, or the
+    server's default)."""
     return r.Response(
         id=response_id,
         created_at=created_at,
@@ -273,6 +276,7 @@ def skeleton(req: r.ResponsesRequest, tools: Toolset, response_id: str, created_
         tool_choice=req.tool_choice or "auto",
         tools=tools.echo,
         top_p=top_p,
+        truncation=truncation,
         user=req.user,
         metadata=req.metadata or {},
     )

@@ -236,7 +236,9 @@ class _PoolCollector(_ScrapeCollector):
         pool = self._m.pool
         workers = list(pool.workers.values()) if pool is not None else []
         fams = self._families()
-        processing, deferred, running, waiting, rss, states, cache_bytes, cache_evictions, info, upstream_up = fams
+        processing, deferred, running, waiting, rss, states, cache_bytes, cache_evictions, info, upstream_up, *disk = (
+            fams
+        )
         per_model: dict[str, list[int]] = {}
         per_state: dict[tuple[str, str], int] = {}  # several workers of one model may share a state
         for h in workers:
@@ -253,6 +255,8 @@ class _PoolCollector(_ScrapeCollector):
                 rss.add_metric([model, h.key.slug, str(h.pid)], mem)
             cache_bytes.add_metric([model, h.key.slug], h.cache_bytes)
             cache_evictions.add_metric([model, h.key.slug], h.cache_evictions)
+            for family, value in zip(disk, getattr(h, "disk", ()), strict=False):
+                family.add_metric([model, h.key.slug], value)
             engine = getattr(h, "engine", "")
             info.add_metric([model, h.key.slug, engine], 1)
             probe = getattr(h, "upstream_health", None)
@@ -299,6 +303,26 @@ class _PoolCollector(_ScrapeCollector):
                 "geniex:upstream_up",
                 "1 when the server an upstream model lives on answered its last health probe, else 0.",
                 labels=["model", "worker", "engine"],
+            ),
+            GaugeMetricFamily(
+                "geniex:prompt_cache_disk_bytes",
+                "Bytes of saved prompt states on disk, as each worker last saw its folder.",
+                labels=["model", "worker"],
+            ),
+            CounterMetricFamily(
+                "geniex:prompt_cache_disk_hits",
+                "Prompt states each worker restored from disk instead of prefilling.",
+                labels=["model", "worker"],
+            ),
+            CounterMetricFamily(
+                "geniex:prompt_cache_disk_evictions",
+                "Prompt states each worker deleted from disk for room.",
+                labels=["model", "worker"],
+            ),
+            CounterMetricFamily(
+                "geniex:prompt_cache_disk_write_errors",
+                "Prompt states each worker could not write to disk (a full disk, a read-only data dir).",
+                labels=["model", "worker"],
             ),
         ]
 

@@ -16,7 +16,7 @@ from typing import Annotated, Any, Literal
 
 import msgspec
 
-from protocol import qnn
+from protocol import kv_cache, qnn
 
 DEFAULT_HOST = "127.0.0.1:18181"
 
@@ -92,8 +92,9 @@ class Settings(msgspec.Struct, kw_only=True):
     log_level: Annotated[str | None, Flag("`debug`, `info`, `warning`, `error` (default info)", "workers",
                                           choices=("debug", "info", "warning", "error"))] = None  # fmt: skip
     parallel: Annotated[int, Flag(
-        "sequences one worker decodes at once (0: from nctx, 4 at nctx ≤ 4096, fewer for longer contexts); set 8 "
-        "to serve eight clients at once", "workers", at_least=0)] = 0  # fmt: skip
+        "sequences one worker decodes at once (0: from nctx and the KV cache types, 4 at nctx ≤ 4096 in f16, fewer "
+        "for longer contexts, about twice the context per slot in q8_0); set 8 to serve eight clients at once", "workers",
+        at_least=0)] = 0  # fmt: skip
     max_queue: Annotated[int, Flag("requests waiting per worker before 503 + `Retry-After`", at_least=0)] = 16
     max_loaded: Annotated[int, Flag(
         "workers resident at once (0: as many as memory allows); the least recently used idle one is evicted "
@@ -128,6 +129,21 @@ class Settings(msgspec.Struct, kw_only=True):
     cache_ram_mb: Annotated[int, Flag(
         "MiB of host RAM per chat worker for saved prompt states (0: only what the slots hold); counted in the "
         "memory a worker needs", "workers", old="--cache-ram", at_least=0)] = 1024  # fmt: skip
+    cache_disk_mb: Annotated[int, Flag(
+        "MiB of disk, in the data dir's prompt-cache/, for prompt states a chat worker would lose (the RAM tier "
+        "evicting them, an idle stop, an eviction, a restart): a later request of the same tenant restores its "
+        "prefix instead of prefilling it; least recently used go first, GenieX-KeepCache ones last (0: off)",
+        "workers", option="--cache-disk", at_least=0, at_most=1 << 24)] = 4096  # fmt: skip
+    cache_type_k: Annotated[str, Flag(
+        "the type a chat worker's KV cache keeps keys in (llama-server's `-ctk`; default f16): `q8_0` takes about "
+        "half of f16's memory, `q4_0` and `iq4_nl` about a quarter, so a worker holds a longer context (or, with "
+        "`--parallel 0`, more slots) in the same RAM at a small cost in accuracy; also `f32`, `bf16`, `q4_1`, "
+        "`q5_0`, `q5_1`. Its draft models follow it; embedding workers keep f16",
+        "workers", choices=tuple(kv_cache.KV_TYPES), lower=True)] = kv_cache.DEFAULT  # fmt: skip
+    cache_type_v: Annotated[str, Flag(
+        "the same for the cache's values (`-ctv`); a quantized type turns flash attention on, without which "
+        "llama.cpp cannot store V quantized",
+        "workers", choices=tuple(kv_cache.KV_TYPES), lower=True)] = kv_cache.DEFAULT  # fmt: skip
     api_keys: Annotated[list[str], Flag(
         "a key every API request must send (`Authorization: Bearer KEY` or `x-api-key: KEY`; repeatable); without "
         "any key the server answers everyone who can connect", option="--api-key")] = []  # fmt: skip
@@ -153,6 +169,11 @@ class Settings(msgspec.Struct, kw_only=True):
     max_nctx: Annotated[int, Flag(
         "the largest `nctx` a request may ask for; 0: the context each model was trained for (its GGUF says), so "
         "`nctx` beyond it is a 400", at_least=0)] = 0  # fmt: skip
+    truncation: Annotated[str, Flag(
+        "what a chat conversation (chat completions, `/v1/messages`, `/v1/responses`) longer than the context gets "
+        "when its request has no `truncation`: `disabled`, a 400 `context_length_exceeded`; `auto`, its oldest "
+        "turns after the leading system messages are dropped until it fits with room for the answer, and the "
+        "answer says how many (docs/api.md)", choices=("disabled", "auto"), lower=True)] = "disabled"  # fmt: skip
     allowed_hosts: Annotated[list[str], Flag(
         "a `Host` name the server answers to besides loopback names and the address it binds (repeatable, "
         "`GENIEX_ALLOWED_HOST` takes a `:`-separated list; `*` for any); any other gets 403, a defence against "

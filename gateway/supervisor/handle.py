@@ -38,7 +38,7 @@ from gateway.errors import (
 from gateway.supervisor import compute
 from gateway.supervisor.claims import Claims
 from gateway.supervisor.states import IllegalTransition, State, can_move
-from protocol import worker_args
+from protocol import engines, worker_args
 from protocol.keys import WorkerKey
 from protocol.wire import (
     PROTOCOL_VERSION,
@@ -100,6 +100,10 @@ CALL_TIMEOUT_S: dict[type, float] = {
     Tokenize: 60, Detokenize: 60, CountTokens: 120, Logits: 600, Embed: 600, Rerank: 600, Recognize: 600,
     Transcribe: 3600, Diarize: 3600, GenerateImages: 3600,
 }  # fmt: skip
+
+
+# How long a worker told to shut down has before SIGTERM.
+SHUTDOWN_WAIT_S = 10.0
 
 
 class WorkerSpec(msgspec.Struct, frozen=True, kw_only=True):
@@ -164,6 +168,7 @@ class WorkerHandle:
         self.tokens_generated = 0
         self.cache_bytes = 0  # the worker's prompt cache, as its last Started said
         self.cache_evictions = 0
+        self.disk: tuple[int, int, int, int] = (0, 0, 0, 0)  # its disk tier: bytes, hits, evictions, write errors
         self.threads: int | None = None  # the last SetThreads sent; None: the worker's own default
         self.upstream_health: UpstreamHealth | None = None  # an upstream worker's last probe of its server
         self._events = events
@@ -288,7 +293,9 @@ class WorkerHandle:
                 while self._queues and time.monotonic() < deadline:
                     await asyncio.sleep(0.05)
                 self._send(Shutdown())
-            if not graceful or not await _exited(proc, 3.0):
+            # A chat worker writes its prompt states to disk as it goes (disk_cache.CLOSE_WAIT_S).
+            wait = SHUTDOWN_WAIT_S if engines.info(self.spec.engine).prompt_cache else 3.0
+            if not graceful or not await _exited(proc, wait):
                 proc.send_signal(signal.SIGTERM)
                 if not await _exited(proc, 3.0):
                     proc.kill()
@@ -344,6 +351,7 @@ class WorkerHandle:
                     p.queue.put_nowait(msg)
             elif isinstance(msg, Started):
                 self.cache_bytes, self.cache_evictions = msg.cache_bytes, msg.cache_evictions
+                self.disk = (msg.disk_bytes, msg.disk_hits, msg.disk_evictions, msg.disk_write_errors)
                 p = self._queues.get(msg.req_id)
                 if p is not None:
                     p.queue.put_nowait(msg)

@@ -11,7 +11,7 @@ import structlog
 
 from gateway.models.store import ModelEntry
 from gateway.supervisor.compute import has_htp
-from protocol import engines, npu_plan
+from protocol import engines, kv_cache, npu_plan
 from protocol.engines import EMBED_BATCH_TOKENS
 from protocol.genie_bundle import BundleError, is_bundle, read_bundle
 from protocol.gguf_header import ARCHITECTURE, npu_shape, read_gguf_numbers
@@ -86,8 +86,9 @@ def trained_context(path: str) -> int | None:
     return int(value) if isinstance(value, int | float) and value > 0 else None
 
 
-def _kv_bytes_per_token(path: str, mtime: float) -> int:
-    """K and V in f16 for every layer: n_layer * n_head_kv * (key_len + value_len) * 2 bytes."""
+def _kv_bytes_per_token(path: str, mtime: float, type_k: str = kv_cache.DEFAULT, type_v: str = kv_cache.DEFAULT) -> int:
+    """K and V for every layer, each in its type's bytes per element (protocol/kv_cache.py):
+    n_layer * n_head_kv * (key_len * K's + value_len * V's), 2 bytes each in f16."""
     meta = {k: v for k, v in _header(path, mtime).items() if isinstance(v, float | int)}
 
     def value(suffix: str, default: float) -> int:
@@ -97,7 +98,8 @@ def _kv_bytes_per_token(path: str, mtime: float) -> int:
     n_head = value(".attention.head_count", 1) or 1
     k_len = value(".attention.key_length", n_embd // n_head)
     v_len = value(".attention.value_length", k_len)
-    return value(".block_count", 0) * value(".attention.head_count_kv", n_head) * (k_len + v_len) * 2
+    n_head_kv = value(".attention.head_count_kv", n_head)
+    return kv_cache.kv_bytes_per_token(value(".block_count", 0), n_head_kv, k_len, v_len, type_k, type_v)
 
 
 def offloaded_share(path: str, ngl: int) -> float:
@@ -142,7 +144,10 @@ def file_bytes(path: str) -> int:
         return 0
 
 
-def estimate_worker_bytes(path: str, total_ctx_tokens: int) -> int:
+def estimate_worker_bytes(path: str, total_ctx_tokens: int, type_k: str = kv_cache.DEFAULT,
+                          type_v: str = kv_cache.DEFAULT) -> int:  # fmt: skip
+    """Weights plus a KV cache of `total_ctx_tokens` in the types a worker stores it in (a GGUF),
+    plus the worker's own overhead."""
     if path.endswith(".upstream.json"):  # the descriptor of a model served elsewhere
         return UPSTREAM_WORKER_BYTES
     try:
@@ -152,7 +157,7 @@ def estimate_worker_bytes(path: str, total_ctx_tokens: int) -> int:
         mtime = os.path.getmtime(path)
     except OSError:
         return WORKER_OVERHEAD
-    per_token = _kv_bytes_per_token(path, mtime) if path.endswith(".gguf") else 0
+    per_token = _kv_bytes_per_token(path, mtime, type_k, type_v) if path.endswith(".gguf") else 0
     return size + per_token * total_ctx_tokens + WORKER_OVERHEAD
 
 

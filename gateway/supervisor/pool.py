@@ -39,11 +39,11 @@ from gateway.supervisor.memory import (
     worker_engine,
 )
 from gateway.supervisor.states import State
-from protocol import engines
+from protocol import engines, kv_cache
 from protocol.keys import WorkerKey
 from protocol.limits import MAX_DRAFT_MODELS
 from protocol.npu_cache import NPU_DIR
-from protocol.wire import Device
+from protocol.wire import PROMPT_CACHE_DIR, Device
 from protocol.worker_args import WorkerArgs
 
 log = structlog.get_logger("gateway.supervisor.pool")
@@ -54,11 +54,15 @@ CAPACITY_WAIT_S = 60.0
 DEVICE_SHARE = 0.9
 
 
-def default_parallel(nctx: int) -> int:
+def default_parallel(nctx: int, type_k: str = kv_cache.DEFAULT, type_v: str = kv_cache.DEFAULT) -> int:
     """Slots per worker when --parallel is not set: more for short contexts, since KV grows with both.
     (Eight slots of a small model cost about 13% of the four-client throughput on this CPU, measured
-    with bench/versus.py, so four stays the ceiling; --parallel 8 serves eight clients at once.)"""
-    return max(1, min(4, 16384 // max(nctx, 1)))
+    with bench/versus.py, so four stays the ceiling; --parallel 8 serves eight clients at once.)
+    The 16384 tokens are a memory budget in f16: a cache type half its size per token (q8_0) has
+    twice the tokens in it, so a long context keeps more slots (and f32 fewer)."""
+    f16 = 2 * kv_cache.element_bytes(kv_cache.DEFAULT)
+    budget = int(16384 * f16 / (kv_cache.element_bytes(type_k) + kv_cache.element_bytes(type_v)))
+    return max(1, min(4, budget // max(nctx, 1)))
 
 
 class WorkerPool:
@@ -204,12 +208,13 @@ class WorkerPool:
         if old is not None:
             await old.stop(graceful=False)
         s = self.settings
-        parallel = s.parallel or default_parallel(key.nctx)
         engine = worker_engine(entry, key.compute)
         row = engines.info(engine)
+        kv_types = (s.cache_type_k, s.cache_type_v) if row.kv_types else (kv_cache.DEFAULT, kv_cache.DEFAULT)
+        parallel = s.parallel or default_parallel(key.nctx, *kv_types)
         kv_tokens = embedding_kv_tokens(entry.path) if row.batch_tokens else key.nctx * parallel
         cache_mb = s.cache_ram_mb if row.prompt_cache else 0
-        model_bytes = estimate_worker_bytes(entry.path, kv_tokens)  # weights and KV cache
+        model_bytes = estimate_worker_bytes(entry.path, kv_tokens, *kv_types)  # weights and KV cache
         need = model_bytes + (cache_mb << 20) + row.working_bytes
         if row.memory == "npu_graph":  # the ONNX graph, its QNN sessions and their KV buffer, not llama.cpp's
             need = npu_chat_bytes(entry.path, key.nctx)
@@ -231,9 +236,13 @@ class WorkerPool:
                 nice=s.worker_nice,
                 batch_tokens=row.batch_tokens,
                 cache_ram_mb=cache_mb,
+                cache_disk_mb=s.cache_disk_mb if row.prompt_cache else 0,
+                prompt_cache_dir=str(s.data_dir / PROMPT_CACHE_DIR) if row.prompt_cache else "",
                 cache_dir=str(s.data_dir / NPU_DIR) if row.npu_cache else "",
                 mmproj=entry.mmproj if row.projector else "",  # llama_npu: for its CPU fallback
                 npu_performance=s.npu_performance,
+                cache_type_k=kv_types[0],
+                cache_type_v=kv_types[1],
                 name=key.slug,
                 log_level=s.log_level or "info",
             ),
@@ -267,7 +276,8 @@ class WorkerPool:
         would not do, a 503 rather than a machine out of memory."""
         if not path or path in handle.drafts or len(handle.drafts) >= MAX_DRAFT_MODELS:
             return
-        need = estimate_worker_bytes(path, handle.key.nctx * handle.spec.worker.parallel)
+        w = handle.spec.worker  # its cache is the target's length, in the target's types
+        need = estimate_worker_bytes(path, handle.key.nctx * w.parallel, w.cache_type_k, w.cache_type_v)
         async with self._start_lock:
             available = self._available_bytes()
             others = [r for r in self._residents() if r.slug != handle.key.slug]

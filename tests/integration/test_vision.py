@@ -313,3 +313,20 @@ def test_hostile_images_through_the_dialects_are_a_400(server: ServerProcess, pa
     assert r.status_code == 400, r.text
     assert words in r.text, r.text
     assert httpx.get(f"{server.base_url}/health").status_code == 200
+
+
+def test_truncation_auto_drops_an_earlier_turn_with_its_image(server: ServerProcess, client: openai.OpenAI) -> None:
+    """`truncation: auto` (docs/api.md): the earlier turn goes with its red image, and the question
+    about the green one is answered about the green one (the images that stay match their places)."""
+    green = ask(data_url(solid_png(GREEN)))
+    _, n_green = answer(client, green, max_tokens=1)
+    earlier = [*ask(data_url(solid_png(RED))), {"role": "assistant", "content": "Red."}]
+    nctx = n_green + IMAGE_TOKENS // 2 + 12  # the last turn and the answer fit, not both images
+    body = {"model": VISION, "messages": [*earlier, *green], "max_tokens": 12, "temperature": 0, "nctx": nctx}
+    r = httpx.post(f"{server.base_url}/v1/chat/completions", timeout=120, json=body)
+    assert r.status_code == 400 and r.json()["code"] == "context_length_exceeded", r.text[:300]
+    r = httpx.post(f"{server.base_url}/v1/chat/completions", timeout=120, json={**body, "truncation": "auto"})
+    assert r.status_code == 200, r.text[:300]
+    assert r.json()["truncated"]["messages"] == 2 and r.json()["usage"]["prompt_tokens"] == n_green
+    text = r.json()["choices"][0]["message"]["content"].lower()
+    assert "green" in text and "red" not in text, text

@@ -9,7 +9,6 @@ import subprocess
 import sys
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 import structlog
@@ -21,6 +20,7 @@ from gateway.ops.settings import Settings
 from gateway.supervisor import compute
 from gateway.supervisor.pool import WorkerPool
 from protocol.wire import Device, Ready
+from protocol.worker_args import WorkerArgs
 
 
 @pytest.fixture(autouse=True)
@@ -155,9 +155,10 @@ def test_a_llama_workers_ready_says_what_its_build_can_do() -> None:
     entries = bundled_models()
     if not entries:
         pytest.skip("the bundled model is not installed")
-    opts = SimpleNamespace(model_path=entries[0].path, compute="gpu", ngl=-1, nctx=256, parallel=1, threads=1,
-                           cache_ram_mb=0, stream_interval_ms=0, mmproj="")  # fmt: skip
-    engine = LlamaEngine(opts)  # type: ignore[arg-type]
+    # The worker's own arguments, so that every option an engine reads has its default.
+    opts = WorkerArgs(engine="llama_cpp", model_path=entries[0].path, compute="gpu", ngl=-1, nctx=256, parallel=1,
+                      threads=1)  # fmt: skip
+    engine = LlamaEngine(opts)
     try:
         r = engine.ready()
     finally:

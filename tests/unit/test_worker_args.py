@@ -13,8 +13,12 @@ from protocol.worker_args import WorkerArgs
 
 def test_the_command_line_round_trips() -> None:
     args = WorkerArgs(engine="llama_cpp", model_path="/m/a b.gguf", compute="gpu", nctx=512, ngl=-1, parallel=2,
-                      cache_dir="", mmproj="/m/p.gguf", name="x--cpu--512", inbox="ipc://i", parent_pid=7)  # fmt: skip
-    assert worker_args.parse(worker_args.argv(args)) == args
+                      cache_dir="", mmproj="/m/p.gguf", cache_type_k="q8_0", cache_type_v="q4_0", name="x--cpu--512",
+                      inbox="ipc://i", parent_pid=7)  # fmt: skip
+    line = worker_args.argv(args)
+    assert line[line.index("--cache-type-k") + 1] == "q8_0" and line[line.index("--cache-type-v") + 1] == "q4_0"
+    assert worker_args.parse(line) == args
+    assert worker_args.parse(["--engine", "llama_cpp", "--model-path", "m"]).cache_type_v == "f16"  # the default
 
 
 @pytest.mark.parametrize(

@@ -36,6 +36,7 @@ from workers.engines.llama_runtime import (
     gpu_layers,
     init_backend,
     keep_on_cpu,
+    kv_bytes_per_token,
     load_model,
     put,
     ready,
@@ -189,7 +190,16 @@ class LlamaEmbedEngine(QueuedEngine, VocabTokens):
                      load_seconds=self.load_seconds, n_gpu_layers=self.n_gpu_layers,
                      description=f"{kind}, pooling {POOLING_NAMES.get(self.pooling, self.pooling)}",
                      provider="llama.cpp", n_embd=0 if self.cross_encoder else self.width,
-                     fallback=self.fallback)  # fmt: skip
+                     fallback=self.fallback, **self._kv_facts())  # fmt: skip
+
+    def _kv_facts(self) -> dict[str, object]:
+        """Its KV cache, as Ready reports it: f16 (it holds one batch and is cleared after it, so
+        quantizing it would change every vector to save one batch's cache), none for an encoder, which
+        llama.cpp gives no memory."""
+        if not self.mem:
+            return {}
+        return {"kv_bytes_per_token": kv_bytes_per_token(self.model, "f16", "f16"), "cache_type_k": "f16",
+                "cache_type_v": "f16"}  # fmt: skip
 
     def submit(self, req: Embed | Rerank) -> None:
         if isinstance(req, Embed):

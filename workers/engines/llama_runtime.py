@@ -5,14 +5,17 @@ llama.cpp, loading a model under the `ngl` rule, contexts, tokens, batch rows, t
 from __future__ import annotations
 
 import ctypes
+import functools
 import os
 import re
+from collections import deque
 from collections.abc import Callable, Iterable
 
 import llama_cpp as L
 import psutil
 import structlog
 
+from protocol import kv_cache
 from protocol.wire import PROTOCOL_VERSION, Device, ErrorKind, Ready
 from workers.engines import EngineError
 from workers.engines.thread_governor import ThreadGovernor
@@ -20,11 +23,24 @@ from workers.engines.thread_governor import ThreadGovernor
 log = structlog.get_logger("worker.llama")
 
 
+# llama.cpp's last error lines: a call that fails says only NULL, and its reason (e.g. "K cache
+# type q8_0 with block size 32 does not divide n_embd_head_k=48") goes to the log alone.
+_errors: deque[str] = deque(maxlen=4)
+
+
 @L.llama_log_callback
 def _silent_log(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
     # llama.cpp's own chatter is noise in a service journal; errors surface as return codes.
-    if level == 4 and os.environ.get("GENIEX_LLAMA_LOG"):  # GGML_LOG_LEVEL_ERROR
-        print(text.decode(errors="replace"), end="", flush=True)
+    if level == 4:  # GGML_LOG_LEVEL_ERROR
+        line = text.decode(errors="replace")
+        _errors.append(line.strip())
+        if os.environ.get("GENIEX_LLAMA_LOG"):
+            print(line, end="", flush=True)
+
+
+def last_error() -> str:
+    """llama.cpp's last error line, without its function's name ("" when it logged none)."""
+    return _errors[-1].split(": ", 1)[-1] if _errors else ""
 
 
 silent_log = _silent_log  # for mtmd's own logger (llama/media.py)
@@ -160,12 +176,64 @@ def keep_on_cpu(cparams: L.llama_context_params, offload: bool) -> None:
     cparams.offload_kqv = offload
 
 
+def kv_type(option: str, name: str) -> int:
+    """ggml's id of a KV cache type the gateway named (protocol/kv_cache.py), checked against this
+    build's own name for it: a binding whose enum moved would otherwise store another type."""
+    t = kv_cache.KV_TYPES.get(name)
+    if t is None:
+        raise EngineError(f"{option} {name!r}: choose from {', '.join(kv_cache.KV_TYPES)}", kind=ErrorKind.ENGINE)
+    g = _ggml_types()
+    if g.ggml_type_name(t.ggml_type) != name.encode():
+        raise EngineError(f"{option} {name}: this llama.cpp build has no such KV cache type", kind=ErrorKind.ENGINE)
+    return t.ggml_type
+
+
+@functools.cache
+def _ggml_types() -> ctypes.CDLL:
+    """libggml with its type functions declared (llama-cpp-python binds none of them)."""
+    from llama_cpp._ggml import libggml as g
+
+    g.ggml_type_name.argtypes = [ctypes.c_int]
+    g.ggml_type_name.restype = ctypes.c_char_p
+    g.ggml_row_size.argtypes = [ctypes.c_int, ctypes.c_int64]
+    g.ggml_row_size.restype = ctypes.c_size_t
+    return g
+
+
+def kv_bytes_per_token(model: ctypes.c_void_p, type_k: str, type_v: str) -> int:
+    """One token's K and V in every layer of `model`'s KV cache, in bytes: a layer's K row is
+    n_head_kv * key_length values of `type_k`, measured by ggml's own row size (what llama.cpp
+    allocates per cell); V likewise. A model of layers that differ (sliding windows, recurrent
+    layers) is counted as if every layer were its first."""
+    arch = meta(model, "general.architecture") or ""
+    n_head = max(1, L.llama_model_n_head(model))
+    k_len = int(meta(model, f"{arch}.attention.key_length") or L.llama_model_n_embd(model) // n_head)
+    v_len = int(meta(model, f"{arch}.attention.value_length") or k_len)
+    n_head_kv = L.llama_model_n_head_kv(model)
+    g = _ggml_types()
+    k = g.ggml_row_size(kv_type("--cache-type-k", type_k), n_head_kv * k_len)
+    v = g.ggml_row_size(kv_type("--cache-type-v", type_v), n_head_kv * v_len)
+    return int(L.llama_model_n_layer(model) * (k + v))
+
+
 def slot_context(model: ctypes.c_void_p, *, nctx: int, parallel: int, n_batch: int, threads: int,
-                 what: str = "context", offload: bool = False) -> ctypes.c_void_p:  # fmt: skip
+                 what: str = "context", offload: bool = False, type_k: str = kv_cache.DEFAULT,
+                 type_v: str = kv_cache.DEFAULT) -> ctypes.c_void_p:  # fmt: skip
     """A context of `parallel` sequences of `nctx` tokens each (kv_unified=False: see llama/engine.py).
-    `offload`: some layers are on a GPU (see `keep_on_cpu`)."""
+    `offload`: some layers are on a GPU (see `keep_on_cpu`). Its KV cache is stored in `type_k` and
+    `type_v` (protocol/kv_cache.py): llama.cpp stores a quantized V only with flash attention, so
+    that is turned on for one (`auto` could settle on off for a device without it, and fail);
+    otherwise it stays llama.cpp's `auto`, which is on for the CPU."""
     cparams = L.llama_context_default_params()
     keep_on_cpu(cparams, offload)
+    try:
+        cparams.type_k = kv_type("--cache-type-k", type_k)
+        cparams.type_v = kv_type("--cache-type-v", type_v)
+    except EngineError:
+        L.llama_model_free(model)
+        raise
+    if kv_cache.is_quantized(type_v):
+        cparams.flash_attn_type = L.LLAMA_FLASH_ATTN_TYPE_ENABLED
     cparams.n_ctx = nctx * parallel
     cparams.n_batch = n_batch
     cparams.n_ubatch = n_batch
@@ -174,10 +242,14 @@ def slot_context(model: ctypes.c_void_p, *, nctx: int, parallel: int, n_batch: i
     cparams.n_threads = threads
     cparams.n_threads_batch = threads
     cparams.no_perf = True
+    _errors.clear()
     ctx = L.llama_init_from_model(model, cparams)
     if not ctx:
         L.llama_model_free(model)
-        raise EngineError(f"llama.cpp could not create a {what} of {cparams.n_ctx} tokens", kind=ErrorKind.ENGINE)
+        why = last_error()
+        raise EngineError(f"llama.cpp could not create a {what} of {cparams.n_ctx} tokens with --cache-type-k "
+                          f"{type_k} and --cache-type-v {type_v}" + (f": {why}" if why else ""),
+                          kind=ErrorKind.ENGINE)  # fmt: skip
     return ctx
 
 

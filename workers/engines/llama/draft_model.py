@@ -49,14 +49,16 @@ class SpecState:
 
 
 class DraftModel:
-    def __init__(self, path: str, *, n_gpu_layers: int, nctx: int, parallel: int, threads: int, n_batch: int) -> None:
+    def __init__(self, path: str, *, n_gpu_layers: int, nctx: int, parallel: int, threads: int, n_batch: int,
+                 kv_types: tuple[str, str] = ("f16", "f16")) -> None:  # fmt: skip
         model = load_model(path, n_gpu_layers, field="spec_draft_model")
         self.path = path
         self.model = model
         self.vocab = L.llama_model_get_vocab(model)
         self.n_vocab = L.llama_vocab_n_tokens(self.vocab)
+        # Its cache is as long as the target's, so it is stored in the target's types (the gateway counts it so).
         ctx = slot_context(model, nctx=nctx, parallel=parallel, n_batch=n_batch, threads=threads, what="draft context",
-                           offload=n_gpu_layers > 0)  # fmt: skip
+                           offload=n_gpu_layers > 0, type_k=kv_types[0], type_v=kv_types[1])  # fmt: skip
         self.ctx = ctx
         self.mem = L.llama_get_memory(ctx)
         self.n_batch = n_batch

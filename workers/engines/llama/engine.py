@@ -22,11 +22,13 @@ from __future__ import annotations
 import ctypes
 import time
 from collections import deque
+from pathlib import Path
 from typing import Any
 
 import llama_cpp as L
 import structlog
 
+from protocol.overflow import budget
 from protocol.wire import (
     CountTokens,
     Delta,
@@ -46,12 +48,14 @@ from workers.engines.llama.chat_template import (
     TemplateError,
     opens_reasoning,
 )
+from workers.engines.llama.disk_cache import DiskCache, fingerprint
 from workers.engines.llama.logits import LogitsJob
 from workers.engines.llama.logprobs import token_logprobs
 from workers.engines.llama.media import Media, MediaPrompt, flatten, text_run
 from workers.engines.llama.sampling import build_sampler
 from workers.engines.llama.slots import Queued, Run, Slot, Slots, SlotState
 from workers.engines.llama.speculation import Speculator
+from workers.engines.llama.truncation import Prompt, Reports, truncate
 from workers.engines.llama_runtime import (
     Threads,
     VocabTokens,
@@ -59,6 +63,7 @@ from workers.engines.llama_runtime import (
     gpu_layers,
     htp_devices,
     init_backend,
+    kv_bytes_per_token,
     load_model,
     meta,
     piece,
@@ -75,6 +80,16 @@ N_BATCH = 512  # tokens per decode step, decode tokens first, then prompt chunks
 # Prompt tokens in a step whose thread count rests on a stale reading (see Threads.tentative): a
 # short step, so that a fresh reading soon puts the right number of threads on the rest.
 TENTATIVE_BATCH = 64
+
+
+def disk_cache(opts: EngineOptions, nctx: int) -> DiskCache | None:
+    """The disk tier of the prompt cache, keyed to what a saved state depends on; None when off."""
+    if not opts.cache_disk_mb or not opts.prompt_cache_dir:
+        return None
+    build = f"{L.__version__} {L.llama_print_system_info().decode(errors='replace')}"
+    kv_types = f"{getattr(opts, 'cache_type_k', 'f16')}/{getattr(opts, 'cache_type_v', 'f16')}"
+    return DiskCache(Path(opts.prompt_cache_dir), opts.cache_disk_mb << 20,
+                     fingerprint(opts.model_path, build, nctx, kv_types))  # fmt: skip
 
 
 class LlamaEngine(VocabTokens):
@@ -94,8 +109,9 @@ class LlamaEngine(VocabTokens):
         self.nctx = opts.nctx
         self.parallel = max(1, opts.parallel or 1)
         threads = default_threads(opts.threads)
+        self.kv_types = (opts.cache_type_k, opts.cache_type_v)
         self.ctx = slot_context(model, nctx=self.nctx, parallel=self.parallel, n_batch=N_BATCH, threads=threads,
-                                offload=self.n_gpu_layers > 0)  # fmt: skip
+                                offload=self.n_gpu_layers > 0, type_k=self.kv_types[0], type_v=self.kv_types[1])  # fmt: skip
         self.mem = L.llama_get_memory(self.ctx)
         self.batch = L.llama_batch_init(N_BATCH, 0, 1)
         self._piece_buf = ctypes.create_string_buffer(256)
@@ -105,14 +121,17 @@ class LlamaEngine(VocabTokens):
             eos_token=piece(self.vocab, L.llama_vocab_eos(self.vocab)).decode(errors="replace"),
         )
         self.add_bos = bool(L.llama_vocab_get_add_bos(self.vocab))
-        self.slots = Slots(self.ctx, self.mem, self.parallel, self.nctx, opts.cache_ram_mb << 20)
+        self.slots = Slots(
+            self.ctx, self.mem, self.parallel, self.nctx, opts.cache_ram_mb << 20, disk_cache(opts, self.nctx)
+        )
         mmproj = getattr(opts, "mmproj", "")
         self.media = Media(mmproj, model, threads, gpu=self.n_gpu_layers > 0) if mmproj else None
         self.speculator = Speculator(self.vocab, self.n_vocab, n_gpu_layers=self.n_gpu_layers, nctx=self.nctx,
-                                     parallel=self.parallel, n_batch=N_BATCH)  # fmt: skip
+                                     parallel=self.parallel, n_batch=N_BATCH, kv_types=self.kv_types)  # fmt: skip
         self.threads = Threads(threads, lambda: [self.ctx, *self.speculator.contexts()])
         self.logit_jobs: deque[LogitsJob] = deque()
         self.counts: deque[TokenCount] = deque()  # answered at the next step: nothing to decode
+        self.truncated = Reports()  # `truncation: auto`: what each queued request's prompt dropped
         self.tokens_generated = 0
         # Text that comes sooner than this after the last Delta waits for the next one: at
         # high token rates every Delta costs the gateway and the client a wake-up, a write
@@ -129,7 +148,9 @@ class LlamaEngine(VocabTokens):
     def ready(self) -> Ready:
         return ready(self.model, engine=self.name, compute=self.compute, n_ctx=self.nctx, parallel=self.parallel,
                      load_seconds=self.load_seconds, n_gpu_layers=self.n_gpu_layers, chat_template=self.template.is_native,
-                     tool_format=self.template.tool_format, fallback=self.fallback)  # fmt: skip
+                     tool_format=self.template.tool_format, fallback=self.fallback,
+                     kv_bytes_per_token=kv_bytes_per_token(self.model, *self.kv_types), cache_type_k=self.kv_types[0],
+                     cache_type_v=self.kv_types[1])  # fmt: skip
 
     def submit(self, req: Generate | CountTokens | Logits) -> None:
         if isinstance(req, CountTokens):
@@ -156,12 +177,24 @@ class LlamaEngine(VocabTokens):
             tokens = media.keys
         else:
             tokens, reasoning_open = self._prompt_tokens(req)
+        dropped = None
+        if req.truncation == "auto" and req.messages and len(tokens) > budget(self.nctx, req.max_tokens):
+            try:
+                (tokens, reasoning_open, media), dropped = truncate(
+                    req, (tokens, reasoning_open, media), self.nctx, lambda m, i: self._candidate(req, m, i)
+                )
+            except BaseException:
+                if media is not None:
+                    media.free()
+                raise
         if len(tokens) >= self.nctx:
             n = media.n_tokens if media is not None else len(tokens)
             if media is not None:
                 media.free()
+            left = f" with its {dropped.messages} oldest messages dropped" if dropped else ""
             raise EngineError(
-                f"the prompt is {n} tokens, but the context is {self.nctx}; shorten it or ask for a larger `nctx`",
+                f"the prompt is {n} tokens{left}, but the context is {self.nctx}; shorten it or ask for a larger "
+                "`nctx`",
                 code="context_length_exceeded",
             )
         try:
@@ -171,6 +204,8 @@ class LlamaEngine(VocabTokens):
                 media.free()
             raise
         self.slots.waiting.append(Queued(req, tokens, sampler, reasoning_open, media))
+        if dropped is not None:
+            self.truncated.pending[req.req_id] = dropped
 
     def cancel(self, req_id: int, emit: Emit) -> None:
         for job in self.logit_jobs:
@@ -179,6 +214,7 @@ class LlamaEngine(VocabTokens):
                 emit(Done(req_id, "cancelled"))
                 return
         if (q := self.slots.unqueue(req_id)) is not None:
+            self.truncated.pending.pop(req_id, None)
             q.sampler.free()
             if q.media is not None:
                 q.media.free()
@@ -223,7 +259,7 @@ class LlamaEngine(VocabTokens):
         self.threads.before_step()
         if self.logit_jobs:
             self._run_logits(emit)
-        self.slots.admit(emit, self.speculator.start)
+        self.slots.admit(self.truncated.emit(emit), self.speculator.start)
         self.coalesce_s = self.coalesce * max(1, self.slots.running())
         if self.speculator.active:
             self.speculator.make_drafts(self.slots)
@@ -419,6 +455,14 @@ class LlamaEngine(VocabTokens):
         """A chat prompt rendered by the model's template, its tokens, and whether it opened `<think>`."""
         text, _ = self._render(messages, variables, tools, "")
         return self._tokens(text), opens_reasoning(text)
+
+    def _candidate(self, req: Generate, messages: list[dict[str, Any]], images: list[ImageInput]) -> Prompt:
+        """A prompt of `req` with other messages (`truncation: auto` measures several)."""
+        if req.images:
+            media, opened = self._media_prompt(messages, req.template_vars, req.tools, images)
+            return media.keys, opened, media
+        tokens, opened = self._chat_tokens(messages, req.template_vars, req.tools)
+        return tokens, opened, None
 
     def _render(self, messages: list[dict[str, Any]], variables: dict[str, Any],
                 tools: list[dict[str, Any]] | None, marker: str) -> tuple[str, int]:  # fmt: skip

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ctypes
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import llama_cpp as L
@@ -55,11 +56,13 @@ def restore(ctx: ctypes.c_void_p, mem: ctypes.c_void_p, state: State, seq: int) 
 
 
 class PromptCache:
-    def __init__(self, cap_bytes: int) -> None:
+    def __init__(self, cap_bytes: int, spill: Callable[[Entry], object] | None = None) -> None:
+        """`spill`: given each entry evicted for room (the disk tier keeps it)."""
         self.cap = max(0, cap_bytes)
         self.entries: list[Entry] = []
         self.bytes = 0
         self.evictions = 0
+        self._spill = spill
 
     def best(self, tenant: str, tokens: list[int]) -> tuple[Entry | None, int]:
         """The entry of `tenant` sharing the longest token prefix with `tokens`, and that length."""
@@ -87,6 +90,8 @@ class PromptCache:
             log.debug("cache eviction", tokens=len(victim.tokens), bytes=victim.size, pinned=victim.pinned)
             self._drop(victim)
             self.evictions += 1
+            if self._spill is not None:
+                self._spill(victim)
         return True
 
     def _drop(self, e: Entry) -> None:

@@ -13,6 +13,9 @@ Prompt caching, automatic and per tenant (`Generate.cache_key`):
   (copied into the slot as a saved state). It keeps that prefix's KV and evaluates the rest.
 - Before a slot's kept KV is cut or overwritten, it is saved to the RAM cache, so a
   conversation survives its slot being taken by another.
+- Under the RAM cache, the disk tier (`disk_cache.py`): what the RAM cache evicts, and at close
+  what the slots and the RAM cache still hold, is written there, and `admit` restores from it too,
+  so a conversation survives its worker (an idle stop, an eviction, a restart).
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ import structlog
 from protocol.wire import Generate, Speculation, Started, TokenLogprob
 from workers.engines import Emit
 from workers.engines.llama import prompt_cache
+from workers.engines.llama.disk_cache import DiskCache, DiskEntry
 from workers.engines.llama.draft_model import SpecState
 from workers.engines.llama.media import MediaPrompt, whole_media
 from workers.engines.llama.prompt_cache import PromptCache, common_prefix
@@ -164,13 +168,17 @@ class Queued:
 
 
 class Slots:
-    def __init__(self, ctx: ctypes.c_void_p, mem: ctypes.c_void_p, parallel: int, nctx: int, cache_bytes: int) -> None:
+    def __init__(self, ctx: ctypes.c_void_p, mem: ctypes.c_void_p, parallel: int, nctx: int, cache_bytes: int,
+                 disk: DiskCache | None = None) -> None:  # fmt: skip
         self.ctx = ctx
         self.mem = mem
         self.nctx = nctx
         self.slots = [Slot(seq=i) for i in range(parallel)]
         self.waiting: deque[Queued] = deque()
-        self.cache = PromptCache(cache_bytes)
+        self.disk = disk if disk is not None and disk.cap else None
+        spill = self.disk
+        self.cache = PromptCache(cache_bytes, spill=(lambda e: spill.put(e.tenant, e.tokens, e.state, e.pinned))
+                                 if spill is not None else None)  # fmt: skip
 
     def __iter__(self):  # type: ignore[no-untyped-def]
         return iter(self.slots)
@@ -212,7 +220,9 @@ class Slots:
                            started=time.perf_counter(), media=q.media,
                            spec=speculate(req.speculation) if req.speculation is not None else None,
                            logprobs=[] if req.logprobs >= 0 else None))  # fmt: skip
-            emit(Started(req.req_id, n_prompt, reuse, q.reasoning_open, self.cache.bytes, self.cache.evictions))
+            d = self.disk
+            emit(Started(req.req_id, n_prompt, reuse, q.reasoning_open, self.cache.bytes, self.cache.evictions,
+                         *((d.bytes, d.stats.hits, d.stats.evictions, d.stats.write_errors) if d else ())))  # fmt: skip
 
     def _place(self, free: list[Slot], req: Generate, tokens: list[int]) -> tuple[Slot, int]:
         """The slot for this prompt and how many of its tokens already have KV there: the longest
@@ -223,7 +233,7 @@ class Slots:
         # A reused prefix never ends inside an image (whole_media): half an image's KV is no use.
         in_place, n_in = max(((s, whole_media(tokens, min(common_prefix(s.history, tokens), limit))) for s in own),
                              key=lambda c: c[1], default=(None, 0))  # fmt: skip
-        source: Slot | prompt_cache.Entry | None = None
+        source: Slot | prompt_cache.Entry | DiskEntry | None = None
         n_copy = 0
         if req.cache:
             for s in self.slots:
@@ -238,6 +248,11 @@ class Slots:
             n = whole_media(tokens, min(n, limit))
             if n > n_copy:
                 source, n_copy = entry, n
+            if self.disk is not None:
+                on_disk, n = self.disk.best(req.cache_key, tokens)
+                n = whole_media(tokens, min(n, limit))
+                if n > n_copy and n >= MIN_COPY_TOKENS:
+                    source, n_copy = on_disk, n
         if in_place is not None and n_in + MIN_COPY_TOKENS > n_copy:
             self._keep(in_place, n_in)
             L.llama_memory_seq_rm(self.mem, in_place.seq, n_in, -1)
@@ -249,17 +264,23 @@ class Slots:
         return slot, reuse
 
     def _keep(self, slot: Slot, kept: int) -> None:
-        """Before a slot's kept KV is cut to `kept` tokens: save the whole of it to the RAM cache."""
-        if slot.cacheable and len(slot.history) - kept >= MIN_SAVE_TOKENS and self.cache.cap:
+        """Before a slot's kept KV is cut to `kept` tokens: save the whole of it to the RAM cache
+        (or, without one or past its size, to the disk tier)."""
+        if slot.cacheable and len(slot.history) - kept >= MIN_SAVE_TOKENS and (self.cache.cap or self.disk):
             state = prompt_cache.save(self.ctx, slot.seq)
-            if state is not None:
-                self.cache.put(slot.tenant, slot.history, state, slot.pinned)
+            if state is not None and not self.cache.put(slot.tenant, slot.history, state, slot.pinned) and self.disk:
+                self.disk.put(slot.tenant, slot.history, state, slot.pinned)
         slot.cacheable = False
 
-    def _copy(self, source: Slot | prompt_cache.Entry | None, slot: Slot) -> bool:
+    def _copy(self, source: Slot | prompt_cache.Entry | DiskEntry | None, slot: Slot) -> bool:
         if source is None:
             return False
-        state = source.state if isinstance(source, prompt_cache.Entry) else prompt_cache.save(self.ctx, source.seq)
+        if isinstance(source, DiskEntry):
+            state = self.disk.load(source) if self.disk is not None else None
+        elif isinstance(source, prompt_cache.Entry):
+            state = source.state
+        else:
+            state = prompt_cache.save(self.ctx, source.seq)
         return state is not None and prompt_cache.restore(self.ctx, self.mem, state, slot.seq)
 
     def _log(self, req: Generate, slot: Slot, prompt_tokens: int, reuse: int) -> None:
@@ -297,8 +318,30 @@ class Slots:
         for slot in self.slots:
             if slot.state is not SlotState.FREE:
                 self.release(slot, completed=False)
+        if self.disk is not None:
+            self._spill_all(self.disk)
         for q in self.waiting:
             q.sampler.free()
             if q.media is not None:
                 q.media.free()
         self.waiting.clear()
+
+    def _spill_all(self, disk: DiskCache) -> None:
+        """The worker is going: what its free slots and RAM cache hold goes to disk, the most
+        recently used first (if the time to write runs out, the oldest are what is lost), each
+        ranked for the disk tier's eviction by when it was last used."""
+        t0 = time.perf_counter()
+        kept: list[tuple[float, str, list[int], prompt_cache.State, bool]] = []
+        for slot in self.slots:
+            if slot.cacheable and len(slot.history) >= MIN_SAVE_TOKENS:
+                state = prompt_cache.save(self.ctx, slot.seq)
+                if state is not None:
+                    kept.append((slot.used, slot.tenant, slot.history, state, slot.pinned))
+        kept += [(e.used, e.tenant, e.tokens, e.state, e.pinned) for e in self.cache.entries]
+        now = time.monotonic()
+        for used, tenant, tokens, state, pinned in sorted(kept, key=lambda k: -k[0]):
+            disk.put(tenant, tokens, state, pinned, age_s=max(0.0, now - used))
+        disk.close()
+        if kept:
+            log.info("prompt states saved to disk", states=len(kept), ms=round((time.perf_counter() - t0) * 1000, 1),
+                     write_errors=disk.stats.write_errors)  # fmt: skip

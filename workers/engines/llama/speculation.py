@@ -34,8 +34,9 @@ Take = Callable[[Slot, int, int], bool]  # (slot, token, row) -> still generatin
 
 class Speculator:
     def __init__(self, vocab: ctypes.c_void_p, n_vocab: int, *, n_gpu_layers: int, nctx: int, parallel: int,
-                 n_batch: int) -> None:  # fmt: skip
+                 n_batch: int, kv_types: tuple[str, str] = ("f16", "f16")) -> None:  # fmt: skip
         self.vocab = vocab
+        self.kv_types = kv_types  # the target's KV cache types, for the draft models' caches too
         self.n_vocab = n_vocab
         self.n_gpu_layers = n_gpu_layers
         self.nctx = nctx
@@ -83,7 +84,7 @@ class Speculator:
                 raise EngineError(f"`spec_draft_model`: no model file at {path!r}")
             t0 = time.perf_counter()
             draft = DraftModel(path, n_gpu_layers=self.n_gpu_layers, nctx=self.nctx, parallel=self.parallel,
-                               threads=threads, n_batch=self.n_batch)  # fmt: skip
+                               threads=threads, n_batch=self.n_batch, kv_types=self.kv_types)  # fmt: skip
             try:
                 draft.check_vocab(self.vocab, self.n_vocab)
             except EngineError:
