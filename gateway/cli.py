@@ -172,6 +172,8 @@ def _serve(args: argparse.Namespace) -> int:
 
     from gateway.api.app import create_app
     from gateway.api.lifecycle import Lifecycle
+    from gateway.models.models_file import ModelsFile, ModelsFileError
+    from gateway.models.store import ModelStore
     from gateway.ops.keys import KeyFileError, KeyRing
     from protocol.logs import configure_logging
 
@@ -198,7 +200,11 @@ def _serve(args: argparse.Namespace) -> int:
         keys = KeyRing(settings.api_keys, settings.api_key_file)
     except (OSError, KeyFileError) as exc:
         raise SystemExit(f"error: --api-key-file {settings.api_key_file}: {exc}") from None
-    app = create_app(settings, lifecycle, keys)
+    try:
+        models_file = ModelsFile(settings.models_file, ModelStore(settings.data_dir))
+    except ModelsFileError as exc:
+        raise SystemExit(f"error: --models-file: {exc}") from None
+    app = create_app(settings, lifecycle, keys, models_file)
     config = uvicorn.Config(
         app,
         host=host,

@@ -18,6 +18,9 @@ _WANTED = (".alignment", ".block_count", ".embedding_length", ".attention.head_c
            ".feed_forward_length", ".vocab_size")  # fmt: skip
 ARCHITECTURE = "general.architecture"
 TOKENS = "tokenizer.ggml.tokens"
+CHAT_TEMPLATE = "tokenizer.chat_template"
+# 1.0 when the chat template has a `<think>` block (a reasoning model), 0.0 when not; absent: no template.
+TEMPLATE_THINKS = "tokenizer.chat_template.thinks"
 # The head's GGML type, or the token embedding's when the head is tied to it (no output.weight).
 HEAD_TYPES = ("tensor.output.weight.type", "tensor.token_embd.weight.type")
 LAYER_EIGHT_BIT = "tensors.blk.eight_bit_share"
@@ -42,7 +45,7 @@ class Header(NamedTuple):
 def read_gguf_numbers(path: str) -> dict[str, float | str]:
     """The scalar metadata of a GGUF header whose key ends with one of `_WANTED`,
     `general.architecture`, the vocabulary's size, the head's type (HEAD_TYPES) and the layers'
-    8-bit share. ValueError (or struct.error on a truncated file) for a file that is not a
+    8-bit share, and whether its chat template thinks (TEMPLATE_THINKS). ValueError (or struct.error on a truncated file) for a file that is not a
     readable GGUF."""
     return read_gguf(path).meta
 
@@ -91,6 +94,8 @@ def read_gguf(path: str) -> Header:
                 (out[key],) = struct.unpack(_SCALAR[vtype], f.read(struct.calcsize(_SCALAR[vtype])))
             elif vtype == _STRING and key == ARCHITECTURE:
                 out[key] = string().decode(errors="replace")
+            elif vtype == _STRING and key == CHAT_TEMPLATE:  # not kept: only whether it can think
+                out[TEMPLATE_THINKS] = float(b"<think>" in string())
             elif vtype == _ARRAY and key == TOKENS:  # its length is the vocabulary size (the NPU estimate)
                 here = f.tell()
                 f.read(4)  # element type

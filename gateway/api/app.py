@@ -27,6 +27,7 @@ from gateway.api import (
     cv,
     diarize,
     embeddings,
+    events,
     health,
     images,
     logits,
@@ -48,6 +49,7 @@ from gateway.api.services import Services, provide_services
 from gateway.chat.response_store import ResponseStore
 from gateway.chat.responses_tools import NOT_OFFERED_HEADER
 from gateway.errors import GenieXError
+from gateway.models.models_file import ModelsFile
 from gateway.models.store import ModelStore
 from gateway.ops.keys import KeyFileError, KeyRing
 from gateway.ops.ledger import Ledger
@@ -124,15 +126,19 @@ class _Gateway(Litestar):
         return plugins
 
 
-def _reload_keys_on_sighup(keys: KeyRing) -> None:
-    def reload() -> None:
-        try:
-            keys.reload()
-            log.info("API keys read again", keys=len(keys.keys))
-        except (OSError, KeyFileError) as exc:
-            log.error("API key file not read again; the keys stay as they were", error=str(exc))
+def _reload_on_sighup(keys: KeyRing, models_file: ModelsFile) -> None:
+    """SIGHUP reads the API key file and the models file again (one handler: a second would replace the first)."""
 
-    if keys.key_file is not None:
+    def reload() -> None:
+        if keys.key_file is not None:
+            try:
+                keys.reload()
+                log.info("API keys read again", keys=len(keys.keys))
+            except (OSError, KeyFileError) as exc:
+                log.error("API key file not read again; the keys stay as they were", error=str(exc))
+        models_file.reload("SIGHUP")
+
+    if keys.key_file is not None or models_file.path is not None:
         with contextlib.suppress(NotImplementedError, RuntimeError):  # no signals off the main thread or on Windows
             asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, reload)
 
@@ -156,9 +162,11 @@ def _abort_inflight(pool: WorkerPool) -> None:
     log.warning("drain timed out; requests still running were ended with 503", requests=n)
 
 
-def create_app(settings: Settings, lifecycle: Lifecycle | None = None, keys: KeyRing | None = None) -> Litestar:
+def create_app(settings: Settings, lifecycle: Lifecycle | None = None, keys: KeyRing | None = None,
+               models_file: ModelsFile | None = None) -> Litestar:  # fmt: skip
     """The app. `lifecycle` is the server's view of readiness and draining (its signal handler
-    starts the drain); `keys` the API keys (read from the settings when not given)."""
+    starts the drain); `keys` the API keys (read from the settings when not given); `models_file`
+    the `--models-file`, already read (read as the app starts when not given)."""
     lifecycle = lifecycle or Lifecycle()
     keys = keys or KeyRing(settings.api_keys, settings.api_key_file)
     limiter = KeyLimiter()
@@ -171,21 +179,32 @@ def create_app(settings: Settings, lifecycle: Lifecycle | None = None, keys: Key
         store = ModelStore(settings.data_dir)
         if swept := store.sweep_partial():
             log.info("removed downloads that a stopped pull left behind", paths=[str(p) for p in swept])
+        models = models_file or ModelsFile(settings.models_file, store)
+        models.store = store  # reloads check table names against the store the server reads
+        store.models_file = pool.models_file = models
+        models.loaded = lambda model: bool(pool.residents_of(model))
         ledger = Ledger(settings.data_dir)
-        app.state.services = Services(settings, store, pool, ledger, metrics, lifecycle, limiter, ResponseStore())
+        services = Services(settings, store, pool, ledger, metrics, lifecycle, limiter, ResponseStore(), models)
+        app.state.services = services
         metrics.watch(pool, limiter, ledger)
         pool.start()
-        _reload_keys_on_sighup(keys)
+        watching = asyncio.create_task(models.watch(), name="models-file")
+        _reload_on_sighup(keys, models)
         systemd = Systemd()  # a no-op outside systemd
         systemd.start_watchdog()
         lifecycle.on_drain.append(systemd.stopping)
+        lifecycle.on_drain.append(pool.hub.close)  # /v1/events streams end, so that the drain can finish
         lifecycle.on_drain_timeout.append(lambda: _abort_inflight(pool))
 
         async def preload() -> None:
-            for name in settings.preload:
+            # --preload's models, then the models file's `preload = true` ones; each with the file's defaults
+            loaded: set[str] = set()
+            for name in [*settings.preload, *models.preloads()]:
                 try:
                     entry = store.resolve(name)
-                    await pool.get(pool.key_for(entry, None, None, None), entry, claim=False)
+                    if entry.id not in loaded:
+                        loaded.add(entry.id)
+                        await services.worker(entry, claim=False)
                 except Exception as exc:  # noqa: BLE001 - a bad preload must not stop the server
                     log.error("preload failed", model=name, error=str(exc))
             lifecycle.ready = True
@@ -198,6 +217,7 @@ def create_app(settings: Settings, lifecycle: Lifecycle | None = None, keys: Key
             yield
         finally:
             preloading.cancel()
+            watching.cancel()
             lifecycle.ready = False
             systemd.stopping()
             try:
@@ -228,6 +248,7 @@ def create_app(settings: Settings, lifecycle: Lifecycle | None = None, keys: Key
             *diarize.handlers,
             *speech.handlers,
             *models.handlers,
+            *events.handlers,
             *tokens.handlers,
             *health.handlers,
             *ops.handlers,

@@ -37,6 +37,7 @@ async def chat_completions(request: Request, body: RawBody,
                            services: NamedDependency[Services]) -> Response[ChatCompletion] | Response[bytes] | ServerSentEvent:  # fmt: skip
     data = read_json(body, ChatRequest)
     entry = services.model_for(data.model, "chat")
+    data = services.with_defaults(data, entry)  # the models file's, where the request has none
     # Everything about the request is checked before a model is loaded for it.
     images = await services.images(data.messages, entry, max_length=data.image_max_length)
     plan = plan_chat(data, current_request_id() or "", services.store, services.settings.grammar_dirs,

@@ -76,6 +76,7 @@ async def completions(
 ) -> Response[bytes] | ServerSentEvent:
     data = read_json(body, CompletionRequest)
     entry = services.model_for(data.model, "completion")
+    data = services.with_defaults(data, entry)  # the models file's sampling and stop, where the request has none
     prompts = _prompts(data)
     base = Generate(
         req_id=0,

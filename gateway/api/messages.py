@@ -38,6 +38,7 @@ async def create_message(request: Request, body: RawBody,
     req = chat_request(data)
     headers = not_offered_headers(not_offered(data.tools))
     entry = services.model_for(data.model, "chat")
+    req = services.with_defaults(req, entry)  # the models file's, where the request has none
     images = await services.images(req.messages, entry, fields=image_fields(data))
     plan = plan_chat(req, current_request_id() or "", services.store, services.settings.grammar_dirs,
                      keep_cache=header_true(request, KEEP_CACHE_HEADER), tenant=tenant_of(request),
@@ -63,6 +64,7 @@ async def count_tokens(body: RawBody, services: NamedDependency[Services]) -> Re
     data = read_json(body, a.CountTokensRequest)
     req = chat_request(data)
     entry = services.model_for(data.model, "chat")
+    req = services.with_defaults(req, entry)  # the models file's, where the request has none
     images = await services.images(req.messages, entry, fields=image_fields(data))
     g = plan_chat(req, current_request_id() or "", services.store, services.settings.grammar_dirs).generate
     worker = await services.worker(entry, prompt_chars=prompt_chars(req.messages))

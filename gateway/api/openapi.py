@@ -21,12 +21,26 @@ from litestar import Response, get
 
 from gateway.api.health import WorkerTable
 from gateway.ops.ledger import UsageList
-from protocol import anthropic, chat, completions, cv, diarize, embeddings, images, logits, models, responses, speech
+from protocol import (
+    anthropic,
+    chat,
+    completions,
+    cv,
+    diarize,
+    embeddings,
+    events,
+    images,
+    logits,
+    models,
+    responses,
+    speech,
+)
 from protocol import tokens as tok
 from protocol.errors import ErrorResponse
 from protocol.transcriptions import TranscriptionForm
 
 EXT = "x-geniex-extension"
+EVENT_STREAM = "text/event-stream"
 REF = "#/components/schemas/"
 
 # The spec's schemas and their fields (openapi-current.yaml, and the earlier full spec for
@@ -289,6 +303,15 @@ def _ops() -> list[Op]:
         Op("post", "/detokenize", "Token ids to text (also under /v1/)", tok.DetokenizeRequest, tok.DetokenizeResponse),
         Op("post", "/v1/detokenize", "Token ids to text", tok.DetokenizeRequest, tok.DetokenizeResponse),
         Op("get", "/v1/workers", "The resident workers", None, WorkerTable, tag="Operations"),
+        Op(
+            "get",
+            "/v1/events",
+            "Model and worker state changes, as Server-Sent Events (see docs/api.md)",
+            None,
+            events.WorkerChange,
+            tag="Operations",
+            response_media=EVENT_STREAM,
+        ),
         Op("get", "/v1/usage", "The usage ledger per day, model, key and user", None, UsageList, tag="Operations"),
         Op("get", "/health", "Liveness", None, "Status", tag="Operations"),
         Op("get", "/ready", "Readiness (503 while preloading or draining)", None, "Status", tag="Operations"),
@@ -389,6 +412,11 @@ def _operation(op: Op, refs: dict[Any, str]) -> dict[str, Any]:
     ok: dict[str, Any] = {"description": "OK"}
     if op.response_media == JSON and op.response is not None:
         ok["content"] = {JSON: {"schema": {"$ref": refs[op.response]}}}
+    elif op.response_media == EVENT_STREAM and op.response is not None:
+        # Each event's `data:` is one of these, told apart by its `type`.
+        each = {"oneOf": [{"$ref": refs[op.response]}, {"$ref": refs[events.Dropped]}]}
+        ok["content"] = {EVENT_STREAM: {"schema": each}}
+        ok["description"] = "Server-Sent Events; each event's data is one of these as JSON"
     elif op.response_media != JSON:
         schema = (
             {"type": "string", "format": "binary"} if op.response_media.startswith("audio/") else {"type": "string"}
@@ -417,7 +445,7 @@ def document(version: str = "0.1.0") -> bytes:
     """The whole document, encoded once (it depends only on the code)."""
     ops = _ops()
     types = [t for op in ops for t in (op.request, op.response) if t is not None and not isinstance(t, str)]
-    types += [ErrorResponse, anthropic.ErrorResponse, tok.Piece]
+    types += [ErrorResponse, anthropic.ErrorResponse, tok.Piece, events.Dropped]
     unique = list(dict.fromkeys(types))
     refs_raw, components = msgspec.json.schema_components(unique, ref_template=REF + "{name}")
     names = {n: RENAME.get(n, _dotted(n) if "." in n else n) for n in components}

@@ -85,6 +85,7 @@ async def create_response(request: Request, body: RawBody,
     req, conversation, tools = translated.request, translated.conversation, translated.tools
     headers = not_offered_headers(tools.not_offered)
     entry = services.model_for(data.model, "chat")
+    req = services.with_defaults(req, entry)  # the models file's, where the request has none
     # Everything about the request is checked before a model is loaded for it.
     images = await services.images(req.messages, entry, fields=image_fields(data))
     plan = plan_chat(req, current_request_id() or "", services.store, services.settings.grammar_dirs,

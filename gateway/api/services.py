@@ -8,18 +8,20 @@ untyped `app.state` attributes.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import structlog
 from litestar.datastructures import State
 from litestar.di import NamedDependency
 
 from gateway.api.lifecycle import Lifecycle
+from gateway.api.model_facts import ModelFacts
 from gateway.chat.response_store import ResponseStore
 from gateway.errors import BadRequest, Unsupported
 from gateway.media.images import chat_images
 from gateway.media.inputs import MediaLimits
 from gateway.models.capabilities import capabilities_of, serving
+from gateway.models.models_file import ModelsFile, R
 from gateway.models.store import ModelEntry, ModelStore
 from gateway.ops.accounting import Accounting
 from gateway.ops.ledger import Ledger
@@ -45,6 +47,13 @@ class Services:
     lifecycle: Lifecycle
     limiter: KeyLimiter
     responses: ResponseStore  # recent /v1/responses answers, for previous_response_id
+    # `--models-file`: aliases (the store resolves them), per-model defaults, hidden and disabled models
+    models_file: ModelsFile = field(default_factory=ModelsFile)
+
+    @property
+    def facts(self) -> ModelFacts:
+        """What /v1/models shows of the models file (gateway/api/model_facts.py's ModelFacts)."""
+        return self.models_file
 
     @property
     def media(self) -> MediaLimits:
@@ -71,6 +80,11 @@ class Services:
             raise Unsupported(f"`model`: {entry.id} ({entry.engine}) does not support {capability}; {hint}")
         return entry
 
+    def with_defaults(self, req: R, entry: ModelEntry) -> R:
+        """`req` with the models file's defaults for `entry` in every field the request left unset
+        (sampling, stop, max_tokens, reasoning, and a system prompt when it has no system message)."""
+        return self.models_file.with_defaults(req, entry)
+
     def accounting(self, model: str, caller: str, user: str | None) -> Accounting:
         """A request's metrics, ledger entry and tokens against its key's limits (`caller`: the API
         key's label); made once the model is resolved, so the `model` label is always a known id."""
@@ -93,6 +107,11 @@ class Services:
         `claim`: false for a load that sends the worker nothing (see WorkerHandle.claim).
         `fallback`: false refuses (400) a compute unit that cannot be had as asked instead of running
         on the CPU (None: the server's `--no-compute-fallback`)."""
+        defaults = self.models_file.settings_of(entry.id)
+        if defaults is not None:  # the models file's, where the request has none
+            nctx = nctx or defaults.nctx
+            compute = compute or defaults.compute
+            ngl = defaults.ngl if ngl is None else ngl
         nctx = nctx or None  # 0: the server's default, as absent
         key = self.pool.key_for(entry, nctx, compute, ngl)
         if nctx is not None:

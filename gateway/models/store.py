@@ -30,6 +30,7 @@ import time
 import uuid
 from collections.abc import Iterable, Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import msgspec
 import structlog
@@ -43,6 +44,9 @@ from protocol.npu_cache import NPU_DIR, remove_stale
 from protocol.upstream import UpstreamError, UpstreamSpec
 from protocol.upstream import encode as encode_upstream
 from protocol.upstream import validate as validate_upstream
+
+if TYPE_CHECKING:
+    from gateway.models.models_file import ModelsFile
 
 log = structlog.get_logger("gateway.store")
 
@@ -284,6 +288,8 @@ class ModelStore:
         self.data_dir = Path(data_dir).expanduser().absolute()
         self.models_dir = self.data_dir / "models"
         self.bundled = bundled_models() if bundled is None else list(bundled)
+        # `--models-file`: aliases and disabled models, consulted by resolve (set by the server)
+        self.models_file: ModelsFile | None = None
 
     # ----------------------------------------------------------------- reading
 
@@ -295,8 +301,17 @@ class ModelStore:
         by_id.update((e.id, e) for e in self._pulled())
         return sorted(by_id.values(), key=lambda e: e.id)
 
-    def resolve(self, name: str) -> ModelEntry:
-        """`org/repo:precision` (precision case-insensitive) or `org/repo` (preferred precision)."""
+    def resolve(self, name: str, *, plain: bool = False) -> ModelEntry:
+        """`org/repo:precision` (precision case-insensitive) or `org/repo` (preferred precision), or an
+        alias the models file gives one; a model the file disables is a 404 that says so. `plain`:
+        the store alone, without the models file."""
+        if plain or self.models_file is None:
+            return self._resolve(name)
+        entry = self._resolve(self.models_file.target(name))
+        self.models_file.check_enabled(entry.id, name)
+        return entry
+
+    def _resolve(self, name: str) -> ModelEntry:
         org, repo, precision = parse_name(name)
         entries = self._entries_for(org, repo)
         if not entries:

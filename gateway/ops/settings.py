@@ -108,6 +108,11 @@ class Settings(msgspec.Struct, kw_only=True):
     load_timeout_s: Annotated[float, Flag("seconds a worker may take to load its model", old="--load-timeout",
                                           at_least=0)] = 120.0  # fmt: skip
     preload: Annotated[list[str], Flag("comma-separated models to load before `/ready` turns 200", csv=True)] = []
+    models_file: Annotated[Path | None, Flag(
+        "a TOML file of per-model settings, one table per model id: aliases, request defaults (nctx, temperature, "
+        "system, ...), keep_alive, preload, parallel, KV cache types, hidden, disabled (docs/models.md, \"Per-model "
+        "settings\"). Read again on SIGHUP and when it changes on disk; an invalid version keeps the one before "
+        "(logged), and an invalid file at startup stops the start")] = None  # fmt: skip
     threads: Annotated[int, Flag(
         "threads per worker (0: the physical cores); busy workers share the cores, and a worker uses fewer while "
         "other programs keep cores busy", "workers", at_least=0)] = 0  # fmt: skip

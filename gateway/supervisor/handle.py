@@ -37,8 +37,10 @@ from gateway.errors import (
 )
 from gateway.supervisor import compute
 from gateway.supervisor.claims import Claims
+from gateway.supervisor.events import EventHub
 from gateway.supervisor.states import IllegalTransition, State, can_move
 from protocol import engines, worker_args
+from protocol.events import WorkerChange
 from protocol.keys import WorkerKey
 from protocol.wire import (
     PROTOCOL_VERSION,
@@ -153,7 +155,8 @@ class _Pending:
 
 class WorkerHandle:
     def __init__(self, spec: WorkerSpec, zctx: zmq.asyncio.Context, runtime_dir: Path,
-                 events: asyncio.Queue[WorkerEvent] | None = None, claims: Claims | None = None) -> None:  # fmt: skip
+                 events: asyncio.Queue[WorkerEvent] | None = None, claims: Claims | None = None,
+                 hub: EventHub | None = None) -> None:  # fmt: skip
         self.spec = spec
         self.key = spec.key
         self.state = State.STARTING
@@ -172,6 +175,8 @@ class WorkerHandle:
         self.threads: int | None = None  # the last SetThreads sent; None: the worker's own default
         self.upstream_health: UpstreamHealth | None = None  # an upstream worker's last probe of its server
         self._events = events
+        self._hub = hub  # where its state changes are published for /v1/events
+        self.stop_reason: str | None = None  # why it was asked to stop (the pool says: unload, idle, evicted, ...)
         self._codec = gateway_codec()
         self._ids = itertools.count(1)
         self._queues: dict[int, _Pending] = {}
@@ -203,8 +208,35 @@ class WorkerHandle:
             raise IllegalTransition(f"{self.state.value} -> {new.value}")
         self.log.info("worker state", old=self.state.value, new=new.value, pid=self.pid)
         self.state = new
+        if new is State.READY:
+            self.publish("ready")
+        elif new is State.STOPPING:
+            self.publish("stopping", self.stop_reason)
+        elif new is State.STOPPED:
+            self.publish("evicted" if self.stop_reason == "evicted" else "unloaded", self.stop_reason)
+        elif new is State.FAILED:
+            self.publish("crashed", self.exit_reason)
+
+    def publish(self, state: str, reason: str | None = None) -> None:
+        """Tell /v1/events' subscribers that this worker is now in `state` (protocol/events.py)."""
+        if self._hub is not None:
+            self._hub.publish(self.change(state, reason))
+
+    def change(self, state: str | None = None, reason: str | None = None, *, snapshot: bool = False) -> WorkerChange:
+        """This worker as a /v1/events event: in `state`, or (None) the one it is in now."""
+        if state is None:
+            state = "loading" if self.state is State.STARTING else self.status
+            if self.state is State.STOPPED:
+                state = "evicted" if self.stop_reason == "evicted" else "unloaded"
+            elif self.state is State.FAILED:
+                state = "crashed"
+        k = self.key
+        return WorkerChange(model=k.model, worker=k.slug, state=state, pid=self.pid, compute=k.compute, nctx=k.nctx,
+                            at=time.time(), reason=reason, snapshot=snapshot)  # fmt: skip
 
     def _report(self, what: Happened, crashed: bool = False) -> None:
+        if what is not Happened.EXITED and self.state is State.READY:
+            self.publish(what.value)  # busy or idle
         if self._events is not None:
             self._events.put_nowait(WorkerEvent(self, what, crashed))
 
@@ -255,33 +287,37 @@ class WorkerHandle:
             # A fixed working directory, the gateway's private one: nothing resolves against where it was started.
             self.proc = await asyncio.create_subprocess_exec(*argv, stdin=asyncio.subprocess.DEVNULL, cwd=self._cwd)
         except OSError as exc:
-            await self.stop(graceful=False)
+            await self.stop(graceful=False, reason="failed to load")
             raise WorkerUnavailable(f"could not start a worker for {s.key.model}: {exc}") from None
         self.log = self.log.bind(pid=self.proc.pid)
         self.log.info("worker spawned", model=s.key.model, engine=s.engine)
+        self.publish("loading")
         self._reader = asyncio.create_task(self._read_replies(), name=f"read:{s.key.slug}", context=fresh)
         self._watcher = asyncio.create_task(self._watch(self.proc), name=f"watch:{s.key.slug}", context=fresh)
         try:
             ready = await asyncio.wait_for(asyncio.shield(self._ready), s.load_timeout_s)
         except TimeoutError:
-            await self.stop(graceful=False)
+            await self.stop(graceful=False, reason="failed to load")
             raise WorkerUnavailable(
                 f"worker for {s.key.model} did not become ready within {s.load_timeout_s:g}s; "
                 "raise --load-timeout-s if the model is large, or check the worker's log"
             ) from None
         if ready.protocol_version != PROTOCOL_VERSION:
-            await self.stop(graceful=False)
+            await self.stop(graceful=False, reason="failed to load")
             raise WorkerUnavailable(f"worker speaks protocol {ready.protocol_version}, gateway {PROTOCOL_VERSION}")
         self.ready_info = ready
         compute.learn(s.engine, ready)  # what the engine's build can do: the gateway imports no engine to ask
         self._move(State.READY)
         return ready
 
-    async def stop(self, *, graceful: bool = True, timeout: float = 10.0) -> None:
+    async def stop(self, *, graceful: bool = True, timeout: float = 10.0, reason: str | None = None) -> None:
         """Ask the process to go (graceful: after its in-flight requests, up to `timeout`; then
-        Shutdown, SIGTERM, SIGKILL) and wait until the watcher has torn the handle down."""
+        Shutdown, SIGTERM, SIGKILL) and wait until the watcher has torn the handle down. `reason`:
+        why, as /v1/events tells it (unload, idle, evicted, ...)."""
         if self.state in (State.STOPPED, State.FAILED):
             return
+        if self.stop_reason is None:
+            self.stop_reason = reason
         self._move(State.STOPPING)
         proc = self.proc
         if proc is None or self._watcher is None:  # never spawned

@@ -14,7 +14,7 @@ from gateway.supervisor.compute import has_htp
 from protocol import engines, kv_cache, npu_plan
 from protocol.engines import EMBED_BATCH_TOKENS
 from protocol.genie_bundle import BundleError, is_bundle, read_bundle
-from protocol.gguf_header import ARCHITECTURE, npu_shape, read_gguf_numbers
+from protocol.gguf_header import ARCHITECTURE, TEMPLATE_THINKS, npu_shape, read_gguf_numbers
 from protocol.wire import Device
 
 log = structlog.get_logger("gateway.supervisor.memory")
@@ -67,6 +67,18 @@ def worker_engine(entry: ModelEntry, compute: str = "cpu") -> str:
     if row.npu and compute in ("npu", "hybrid") and not (compute == "npu" and has_htp(entry.engine)):
         return row.npu
     return entry.engine
+
+
+def template_thinks(path: str) -> bool | None:
+    """Whether a GGUF model's chat template has a `<think>` block (it can reason); False for a GGUF
+    without a chat template; None when the file is not a GGUF (only its worker would know)."""
+    if not path.endswith(".gguf"):
+        return None
+    try:
+        meta = _header(path, os.path.getmtime(path))
+    except OSError:
+        return None
+    return bool(meta.get(TEMPLATE_THINKS, 0.0)) if meta else None
 
 
 def trained_context(path: str) -> int | None:

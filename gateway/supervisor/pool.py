@@ -21,12 +21,14 @@ import structlog
 import zmq.asyncio
 
 from gateway.errors import Conflict, Overloaded
+from gateway.models.models_file import ModelsFile
 from gateway.models.store import ModelEntry
 from gateway.ops.metrics import Metrics
 from gateway.ops.settings import Settings
 from gateway.supervisor import runtime_dir
 from gateway.supervisor.claims import Claims
 from gateway.supervisor.compute import devices, resolve_compute
+from gateway.supervisor.events import EventHub
 from gateway.supervisor.eviction import Resident, plan_evictions, plan_with_device
 from gateway.supervisor.handle import Happened, WorkerEvent, WorkerHandle, WorkerSpec
 from gateway.supervisor.memory import (
@@ -75,6 +77,8 @@ class WorkerPool:
         self.metrics = metrics
         self.workers: dict[WorkerKey, WorkerHandle] = {}
         self.events: asyncio.Queue[WorkerEvent] = asyncio.Queue()
+        self.hub = EventHub()  # state changes for /v1/events: the handles publish, clients subscribe
+        self.crashed: dict[str, str] = {}  # model -> why its last worker died, until one of it is ready again
         self._starting: dict[WorkerKey, asyncio.Task[WorkerHandle]] = {}
         self.claims = Claims()  # requests handed a worker, or waiting for its start, not yet admitted
         stale = runtime_dir.sweep()
@@ -91,6 +95,8 @@ class WorkerPool:
         self._start_lock = asyncio.Lock()  # one eviction plan at a time (never held across a wait or a load)
         self._cores = psutil.cpu_count(logical=False) or os.cpu_count() or 1
         self._refusal: str | None = None  # set by abort(): the server is going, refuse every request
+        # `--models-file`: a model's parallel, KV cache types (read as its worker starts) and keep_alive
+        self.models_file = ModelsFile()
 
     def key_for(self, entry: ModelEntry, nctx: int | None, compute: str | None, ngl: int | None) -> WorkerKey:
         unit = resolve_compute(compute or self.settings.compute, worker_engine(entry))
@@ -183,6 +189,7 @@ class WorkerPool:
                 del self.workers[ev.handle.key]
             if ev.crashed:
                 self._count_crash(ev.handle.key)
+                self.crashed[ev.handle.key.model] = ev.handle.exit_reason or "crashed"
         self._share_cores()
         if ev.what is not Happened.BUSY and self._capacity_waiters:
             async with self._idle:
@@ -206,12 +213,16 @@ class WorkerPool:
     async def _start(self, key: WorkerKey, entry: ModelEntry) -> WorkerHandle:
         old = self.workers.pop(key, None)
         if old is not None:
-            await old.stop(graceful=False)
+            await old.stop(graceful=False, reason="replaced")
         s = self.settings
         engine = worker_engine(entry, key.compute)
         row = engines.info(engine)
-        kv_types = (s.cache_type_k, s.cache_type_v) if row.kv_types else (kv_cache.DEFAULT, kv_cache.DEFAULT)
-        parallel = s.parallel or default_parallel(key.nctx, *kv_types)
+        own = self.models_file.settings_of(key.model)  # the models file's, read as the worker starts
+        type_k = (own.cache_type_k if own else None) or s.cache_type_k
+        type_v = (own.cache_type_v if own else None) or s.cache_type_v
+        kv_types = (type_k, type_v) if row.kv_types else (kv_cache.DEFAULT, kv_cache.DEFAULT)
+        wanted = own.parallel if own is not None and own.parallel is not None else s.parallel
+        parallel = wanted or default_parallel(key.nctx, *kv_types)
         kv_tokens = embedding_kv_tokens(entry.path) if row.batch_tokens else key.nctx * parallel
         cache_mb = s.cache_ram_mb if row.prompt_cache else 0
         model_bytes = estimate_worker_bytes(entry.path, kv_tokens, *kv_types)  # weights and KV cache
@@ -263,8 +274,9 @@ class WorkerPool:
         except BaseException:
             if self.workers.get(key) is handle:
                 self.workers.pop(key, None)
-            await handle.stop(graceful=False)
+            await handle.stop(graceful=False, reason="failed to load")
             raise
+        self.crashed.pop(key.model, None)
         log.info("worker ready", worker=key.slug, pid=ready.pid, seconds=round(time.perf_counter() - t0, 3),
                  parallel=ready.parallel, n_ctx=ready.n_ctx, estimate_mb=need >> 20, cpu_features=ready.cpu_features)  # fmt: skip
         return handle
@@ -320,7 +332,7 @@ class WorkerPool:
     def _admit_remote(self, spec: WorkerSpec, need: int) -> WorkerHandle:
         """A worker relaying a model served elsewhere holds no weights: it is registered without an
         eviction plan, so it never stops a local model, nor counts against --max-loaded."""
-        handle = WorkerHandle(spec, self.zctx, self.runtime_dir, self.events, self.claims)
+        handle = WorkerHandle(spec, self.zctx, self.runtime_dir, self.events, self.claims, self.hub)
         self.workers[spec.key] = handle
         self._estimates[spec.key] = need
         return handle
@@ -360,7 +372,7 @@ class WorkerPool:
                               residents=[{"worker": r.slug, "idle": r.idle, "mb": r.bytes >> 20} for r in residents])  # fmt: skip
                     if plan is not None:
                         await self._evict(plan)
-                        handle = WorkerHandle(spec, self.zctx, self.runtime_dir, self.events, self.claims)
+                        handle = WorkerHandle(spec, self.zctx, self.runtime_dir, self.events, self.claims, self.hub)
                         self.workers[key] = handle
                         self._estimates[key] = need
                         if device is not None:
@@ -397,7 +409,7 @@ class WorkerPool:
                 log.info("evicting worker", worker=key.slug, idle_s=round(time.monotonic() - h.last_used, 1))
                 self.metrics.worker_evicted(key.model)
                 self.workers.pop(key, None)
-                await h.stop()
+                await h.stop(reason="evicted")
 
     # ---- idle timeout ----------------------------------------------------------
 
@@ -408,6 +420,15 @@ class WorkerPool:
 
     def residents_of(self, model: str) -> list[WorkerHandle]:
         return [h for k, h in self.workers.items() if k.model == model and h.alive]
+
+    def loading(self, model: str) -> bool:
+        """Whether a worker of `model` is being started (its memory planned, or its process loading)."""
+        return any(k.model == model for k in self._starting)
+
+    def backing_off(self, model: str) -> bool:
+        """Whether a worker of `model` crashed so often that it is refused for now."""
+        now = time.monotonic()
+        return any(k.model == model and until > now for k, until in self._backoff_until.items())
 
     async def unload(self, model: str, compute: str | None = None, nctx: int | None = None) -> list[WorkerHandle]:
         """Stop the model's workers (those on `compute`/`nctx` when given). Refused, stopping none,
@@ -423,11 +444,15 @@ class WorkerPool:
             self.metrics.worker_unloaded(model)
             if self.workers.get(h.key) is h:
                 self.workers.pop(h.key)
-            await h.stop()
+            await h.stop(reason="unload")
         return chosen
 
     def keep_alive_of(self, h: WorkerHandle) -> float:
-        return self.settings.keep_alive_s if h.keep_alive is None else h.keep_alive
+        """A request's `keep_alive`, else the models file's for the model, else `--keep-alive-s`."""
+        if h.keep_alive is not None:
+            return h.keep_alive
+        own = self.models_file.settings_of(h.key.model)
+        return own.keep_alive if own is not None and own.keep_alive is not None else self.settings.keep_alive_s
 
     async def _reap_idle(self) -> None:
         while True:
@@ -438,7 +463,7 @@ class WorkerPool:
                 if keep_alive >= 0 and h.idle and now - h.last_used >= keep_alive:
                     log.info("worker idle; stopping", worker=key.slug, idle_s=round(now - h.last_used, 1))
                     self.workers.pop(key, None)
-                    await h.stop()
+                    await h.stop(reason="idle")
 
     async def close(self, drain_timeout: float = 0.0) -> None:
         for task in self._tasks:
@@ -447,6 +472,7 @@ class WorkerPool:
             start.cancel()
         handles = list(self.workers.values())
         self.workers.clear()
-        await asyncio.gather(*(h.stop(graceful=drain_timeout > 0, timeout=drain_timeout) for h in handles),
+        await asyncio.gather(*(h.stop(graceful=drain_timeout > 0, timeout=drain_timeout, reason="shutdown")
+                               for h in handles),
                              return_exceptions=True)  # fmt: skip
         shutil.rmtree(self.runtime_dir, ignore_errors=True)

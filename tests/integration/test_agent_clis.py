@@ -49,8 +49,13 @@ def clis() -> agent_clis.Clis:
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    # One sequence of SmolLM2's whole trained context: Codex's first request is 4,500 tokens.
-    with serving(tmp_path_factory.mktemp("agents"), "--nctx", str(NCTX), "--parallel", "1") as srv:
+    # One sequence of SmolLM2's whole trained context: Codex's first request is 4,500 tokens. Codex
+    # sends no output limit: the models file gives the model one, so that a rambling answer (the
+    # 135M model's, now and then) ends in seconds, not after the default 2,048 tokens (200 s in CI).
+    data = tmp_path_factory.mktemp("agents")
+    models = data / "models.toml"
+    models.write_text(f'["{MODEL}"]\nmax_tokens = 256\n')
+    with serving(data, "--nctx", str(NCTX), "--parallel", "1", "--models-file", str(models)) as srv:
         yield srv
 
 

@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import json
+import threading
+import time
+from typing import Any
+
 import httpx
 import openai
 
@@ -22,6 +27,10 @@ def test_every_model_says_what_it_is_and_whether_it_is_loaded(server: ServerProc
     listed = {m.id: m for m in client.models.list().data}
     m = listed[MODEL]
     assert m.object == "model" and m.owned_by == "HuggingFaceTB"
+    # What an editor's model picker reads, through the SDK's model too (its extra fields).
+    assert (m.tools, m.vision, m.reasoning, m.embeddings, m.audio) == (True, False, False, False, False)  # type: ignore[attr-defined]
+    assert m.served_context == 2048 and m.compute == "cpu"  # type: ignore[attr-defined]  # the server's --nctx 2048 < 8192
+    assert m.aliases == [] and m.defaults == {}  # type: ignore[attr-defined]  # no models file
     one = httpx.get(f"{server.base_url}/v1/models/{MODEL}", timeout=10).json()
     assert one["object"] == "model" and one["capabilities"] == ["chat", "completion", "tools", "logits"]
     assert one["context_length"] == 8192 and one["quantization"] == "Q4_1" and one["engine"] == "llama_cpp"
@@ -34,9 +43,11 @@ def test_every_model_says_what_it_is_and_whether_it_is_loaded(server: ServerProc
 
 def test_load_and_unload_are_explicit_idempotent_and_never_cut_an_answer(start) -> None:  # type: ignore[no-untyped-def]
     srv = start("--nctx", "512", "--keep-alive-s", "300")
-    assert models(srv)[MODEL]["loaded"] == []
+    assert models(srv)[MODEL]["loaded"] == [] and models(srv)[MODEL]["state"] == "not_loaded"
+    assert models(srv)[MODEL]["served_context"] == 512
     r = post(srv, "/v1/models/load", {"model": MODEL, "nctx": 1024, "compute": "CPU", "keep_alive": -1})
     assert r.status_code == 200, r.text
+    assert r.json()["state"] == "ready"
     assert [(x["nctx"], x["state"], x["keep_alive"]) for x in r.json()["loaded"]] == [(1024, "idle", -1.0)]
     pid = r.json()["loaded"][0]["pid"]
     again = post(srv, "/v1/models/load", {"model": MODEL, "nctx": 1024})
@@ -65,6 +76,7 @@ def test_load_and_unload_are_explicit_idempotent_and_never_cut_an_answer(start) 
     assert (
         models(srv)[MODEL]["loaded"] == [] and httpx.get(f"{srv.base_url}/v1/workers", timeout=10).json()["data"] == []
     )
+    assert models(srv)[MODEL]["state"] == "not_loaded"
     assert post(srv, "/v1/models/unload", {"model": MODEL}).json()["unloaded"] == []
     metrics = httpx.get(f"{srv.base_url}/metrics", timeout=10).text
     assert f'geniex:worker_unloads_total{{model="{MODEL}"}} 1.0' in metrics
@@ -115,3 +127,82 @@ def test_text_routes_refuse_a_model_of_another_kind_before_loading_it(server: Se
         assert r.status_code == 400, (path, r.text)
         assert f"does not support {capability}; models that do: {MODEL}" in r.text, (path, r.text)
     assert resident() == before
+
+
+class EventReader:
+    """A client of GET /v1/events in a thread: its status, then every event's JSON, as they come."""
+
+    def __init__(self, srv: ServerProcess, headers: dict[str, str] | None = None) -> None:
+        self.status = 0
+        self.events: list[dict[str, Any]] = []
+        self.comments = 0
+        self.ended = threading.Event()
+        self._connected = threading.Event()
+        self._thread = threading.Thread(target=self._read, args=(srv.base_url, headers or {}), daemon=True)
+        self._thread.start()
+        assert self._connected.wait(30), "no answer from /v1/events"
+
+    def _read(self, base_url: str, headers: dict[str, str]) -> None:
+        try:
+            with httpx.stream("GET", f"{base_url}/v1/events", headers=headers, timeout=httpx.Timeout(10, read=60)) as r:
+                self.status = r.status_code
+                self.content_type = r.headers.get("content-type", "")
+                self._connected.set()
+                for line in r.iter_lines():
+                    if line.startswith("data:"):
+                        self.events.append(json.loads(line[5:]))
+                    elif line.startswith(":"):
+                        self.comments += 1
+        except httpx.HTTPError:
+            pass
+        finally:
+            self._connected.set()
+            self.ended.set()
+
+    def wait_for(self, state: str, timeout: float = 60) -> list[dict[str, Any]]:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if any(e.get("state") == state for e in self.events):
+                return list(self.events)
+            time.sleep(0.05)
+        raise AssertionError(f"no {state!r} event within {timeout} s: {self.events}")
+
+
+def test_the_event_stream_follows_a_load_and_an_unload_in_order(start) -> None:  # type: ignore[no-untyped-def]
+    srv = start("--nctx", "512")
+    first = EventReader(srv)
+    assert first.status == 200 and first.content_type.startswith("text/event-stream")
+    r = post(srv, "/v1/models/load", {"model": MODEL})
+    assert r.status_code == 200, r.text
+    pid = r.json()["loaded"][0]["pid"]
+    first.wait_for("ready")
+    # A client that connects now is told what is there first: the worker, idle.
+    second = EventReader(srv)
+    snapshot = second.wait_for("idle", timeout=10)
+    assert [(e["model"], e["state"], e["pid"], e["snapshot"]) for e in snapshot] == [(MODEL, "idle", pid, True)]
+    assert post(srv, "/v1/models/unload", {"model": MODEL}).status_code == 200
+    seen = first.wait_for("unloaded")
+    assert [e["state"] for e in seen] == ["loading", "ready", "stopping", "unloaded"], seen
+    assert {(e["type"], e["model"], e["pid"], e["compute"], e["nctx"]) for e in seen} == {
+        ("worker", MODEL, pid, "cpu", 512)
+    }
+    assert seen[-1]["reason"] == "unload" and seen[0]["at"] <= seen[-1]["at"] <= time.time() + 1
+    assert second.wait_for("unloaded")[-1]["pid"] == pid
+    # A request: busy, then idle.
+    post(srv, "/v1/chat/completions", {"model": MODEL, "messages": [{"role": "user", "content": "hi"}],
+                                       "max_tokens": 1})  # fmt: skip
+    states = [e["state"] for e in first.wait_for("idle")]
+    assert states[4:] == ["loading", "ready", "busy", "idle"], states
+    # The server's drain ends the streams, so that it stops at once.
+    t0 = time.monotonic()
+    srv.stop()
+    assert first.ended.wait(10) and second.ended.wait(10) and time.monotonic() - t0 < 20
+
+
+def test_with_keys_the_event_stream_needs_one(start) -> None:  # type: ignore[no-untyped-def]
+    key = "sk-alice-0123456789abcdef"
+    srv = start("--nctx", "512", "--api-key", key)
+    refused = httpx.get(f"{srv.base_url}/v1/events", timeout=10)
+    assert refused.status_code == 401 and "API key" in refused.json()["error"]
+    keyed = EventReader(srv, {"authorization": f"Bearer {key}"})
+    assert keyed.status == 200

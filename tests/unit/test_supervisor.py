@@ -32,6 +32,7 @@ from gateway.supervisor.handle import CALL_TIMEOUT_S, OneShot, WorkerHandle, _ne
 from gateway.supervisor.memory import estimate_worker_bytes
 from gateway.supervisor.pool import WorkerPool
 from gateway.supervisor.states import State
+from protocol.events import WorkerChange
 from protocol.keys import WorkerKey
 from protocol.wire import Done, Embed, Generate, Started
 
@@ -370,3 +371,23 @@ async def test_a_message_the_worker_cannot_read_is_refused_by_its_request_id(mak
     h._left()
     msgs = await answer(h, ask(max_tokens=1))
     assert isinstance(msgs[-1], Done), "and goes on serving"
+
+
+async def test_the_pool_publishes_each_workers_states_in_order(make_pool: MakePool, tmp_path: Path) -> None:
+    """What /v1/events streams (gateway/supervisor/events.py): a worker's life from the handle's
+    own transitions, with its pid, and why it ended (evicted, crashed)."""
+    pool = make_pool(max_loaded=1)
+    sub = pool.hub.subscribe()
+    first = fake_model(tmp_path, "first", tokens=2)
+    a = await worker(pool, first)
+    await answer(a, ask())
+    b = await worker(pool, fake_model(tmp_path, "dies", tokens=100, delay_ms=5, crash_after=3))  # evicts a
+    with pytest.raises(WorkerDied):
+        await answer(b, ask())
+    await until(lambda: b.key not in pool.workers)
+    seen = [(e.model, e.state, e.pid, e.reason) for e in sub.take() if isinstance(e, WorkerChange)]
+    assert [s for m, s, _, _ in seen if m == first.id] == ["loading", "ready", "busy", "idle", "stopping", "evicted"]
+    assert [s for m, s, _, _ in seen if m == b.key.model] == ["loading", "ready", "busy", "crashed"]
+    assert {pid for m, _, pid, _ in seen if m == first.id} == {a.pid} and a.pid is not None
+    assert seen[-1][3] == "exited with status 3" and ("test/first:F", "evicted", a.pid, "evicted") in seen
+    assert [s for _, s, _, _ in seen].index("evicted") < [s for _, s, _, _ in seen].index("crashed")

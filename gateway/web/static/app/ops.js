@@ -1,5 +1,7 @@
-// The operations page: /v1/workers every second, throughput and queue charts over the last
-// five minutes, the models with load and unload, and the usage ledger per day and model.
+// The operations page: the workers (/v1/workers), read again whenever /v1/events says a worker
+// changed, and every second while one is busy (for the throughput and queue charts over the last
+// five minutes); the models with load and unload and their effective settings; the usage ledger per
+// day and model. Without the event stream (an older server, a proxy that buffers), it polls every second.
 "use strict";
 
 (() => {
@@ -105,13 +107,66 @@
     record(rows);
   }
 
+  // A model's effective settings, when the server's models file gives any: its aliases, its
+  // default request settings, and where they come from.
+  function settingsCell(m) {
+    const parts = [];
+    if ((m.aliases || []).length) parts.push("aliases: " + m.aliases.join(", "));
+    for (const [k, v] of Object.entries(m.defaults || {})) parts.push(`${k}: ${JSON.stringify(v)}`);
+    const cell = el("td", { class: "settings" }, parts.join("; "));
+    if (m.defaults_source) cell.append(el("div", { class: "muted" }, "from " + m.defaults_source));
+    return cell;
+  }
+
   async function refreshModels() {
     let models;
     try { models = await G.models(); } catch (e) { G.banner(e.message); return; }
-    $("models").tBodies[0].replaceChildren(...models.map((m) => el("tr", {},
+    $("models").tBodies[0].replaceChildren(...models.map((m) => el("tr", { "data-model": m.id },
       td(m.id), td(m.engine || ""), td((m.capabilities || []).join(", ")), td(G.bytes(m.size), "num"),
-      td(m.context_length ?? "", "num"), td((m.loaded || []).map((r) => `${r.compute} ${r.nctx} ${r.state}`).join("; ")),
+      td(m.served_context ?? m.context_length ?? "", "num"), td(m.compute || ""),
+      el("td", { class: "state-" + (m.state || "") }, m.state || ""),
+      td((m.loaded || []).map((r) => `${r.compute} ${r.nctx} ${r.state}`).join("; ")), settingsCell(m),
       el("td", {}, el("button", { type: "button", class: "small", onclick: (ev) => load(m, ev.target) }, "load")))));
+  }
+
+  // /v1/events, read with fetch() so that the API key goes along (an EventSource cannot send it).
+  // Any event means a worker changed: the tables are read again (at most a few times a second).
+  let streaming = false;
+  let stream = null; // the AbortController of the current connection
+  let pending = null;
+  function changed() {
+    if (pending) return;
+    pending = setTimeout(() => { pending = null; refresh(); refreshModels(); }, 150);
+  }
+  async function follow() {
+    if (stream) stream.abort();
+    const mine = stream = new AbortController();
+    try {
+      const resp = await G.call("/v1/events", { signal: mine.signal, headers: { Accept: "text/event-stream" } });
+      const reader = resp.body.getReader();
+      const text = new TextDecoder();
+      let buffered = "";
+      streaming = true;
+      for (;;) {
+        const { value, done } = await reader.read();
+        if (done) break;
+        // Lines end in CRLF (or LF); a `data:` line is an event, a `:` line only a keep-alive.
+        const lines = (buffered + text.decode(value, { stream: true })).split(/\r?\n/);
+        buffered = lines.pop();
+        if (lines.some((line) => line.startsWith("data:"))) changed();
+      }
+    } catch (_) { /* refused, aborted or cut: polled until it is back */ }
+    if (stream !== mine) return; // replaced by a newer connection (a new key)
+    streaming = false;
+    setTimeout(follow, 5000);
+  }
+
+  // Every second while the stream is down or a worker is busy (the charts), else every ten.
+  let lastPoll = 0;
+  function tick() {
+    const busy = $("workers").querySelector("td.state-busy") !== null;
+    const every = !streaming || busy ? 1000 : 10000;
+    if (Date.now() - lastPoll >= every) { lastPoll = Date.now(); refresh(); }
   }
 
   async function refreshUsage() {
@@ -132,10 +187,11 @@
 
   document.addEventListener("DOMContentLoaded", () => {
     setupCharts();
-    const all = () => { refresh(); refreshModels(); refreshUsage(); };
+    const all = () => { lastPoll = Date.now(); refresh(); refreshModels(); refreshUsage(); };
     all();
-    setInterval(refresh, 1000);
+    follow();
+    setInterval(tick, 1000);
     setInterval(() => { refreshModels(); refreshUsage(); }, 10000);
-    document.addEventListener("geniex:key", all);
+    document.addEventListener("geniex:key", () => { all(); follow(); });
   });
 })();
