@@ -73,6 +73,9 @@ class Services:
         if not name and default is None:
             raise BadRequest("`model` is required")
         entry = self.store.resolve(name or default or "")
+        if name and name.lower() in (a.lower() for a in self.models_file.aliases(entry.id)):
+            # Billed under the model's id; the request's log lines (its summary line too) keep the alias.
+            structlog.contextvars.bind_contextvars(model_alias=name)
         if capability not in capabilities_of(worker_engine(entry), entry.path):
             entries = self.store.entries()
             able = serving({e.id: worker_engine(e) for e in entries}, capability, {e.id: e.path for e in entries})

@@ -104,6 +104,9 @@ def test_an_alias_answers_and_is_billed_under_the_models_id(server: ServerProces
     assert usage.returncode == 0, usage.stderr
     rows = json.loads(usage.stdout)
     assert [r["model"] for r in rows] == [MODEL] and rows[0]["requests"] == 1, rows
+    summary = [json.loads(line) for line in server.log().splitlines()
+               if line.startswith("{") and '"event": "request"' in line and "model_alias" in line]  # fmt: skip
+    assert [(e["model_alias"], e["status"]) for e in summary] == [(ALIAS, 200)], summary  # the alias, recorded
 
 
 def test_the_files_nctx_parallel_and_kv_type_start_the_worker_and_a_requests_nctx_wins(
