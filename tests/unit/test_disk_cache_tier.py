@@ -119,3 +119,17 @@ def test_off_when_the_cap_is_zero_or_the_folder_cannot_be_made(tmp_path: Path) -
     blocked = DiskCache(tmp_path / "file" / "sub", 1 << 20, FP)  # under a file: no folder
     assert blocked.cap == 0 and not blocked.put("t", [1], state(10))
     assert isinstance(DiskEntry(tmp_path, "t", [1], 1).used, float)
+
+
+def test_a_scan_removes_a_crashed_writers_temporary_file_but_not_a_live_ones(tmp_path: Path) -> None:
+    """Two workers of a model (say cpu and gpu at one nctx) share a folder: a new one's scan must
+    not delete the file the other is writing."""
+    folder = tmp_path / FP
+    folder.mkdir(parents=True)
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    live, crashed = folder / f"a.tmp{os.getpid()}", folder / f"b.tmp{dead.pid}"
+    live.write_bytes(b"x")
+    crashed.write_bytes(b"x")
+    DiskCache(tmp_path, 1 << 20, FP).close()
+    assert live.exists() and not crashed.exists()

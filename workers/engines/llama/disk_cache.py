@@ -139,7 +139,10 @@ class DiskCache:
                 self._forget(entry)
             return None
         entry.used = time.time()
-        os.utime(entry.path)  # least recently used across restarts too
+        try:
+            os.utime(entry.path)  # least recently used across restarts too
+        except OSError:  # another worker of the model, sharing the folder, evicted it since: the state is read
+            pass
         self.stats.hits += 1
         return (ctypes.c_uint8 * len(data)).from_buffer_copy(data)
 
@@ -223,7 +226,7 @@ class DiskCache:
         """Index the states a previous worker left (headers only), refusing what is not ours."""
         for path in sorted(self.folder.iterdir()):
             if not path.name.endswith(SUFFIX):
-                if ".tmp" in path.name:  # a write cut short by a crash
+                if ".tmp" in path.name and not _writer_alive(path):  # a write cut short by a crash
                     path.unlink(missing_ok=True)
                 continue
             try:
@@ -267,6 +270,21 @@ class DiskCache:
 
     def _tenant(self, tenant: str) -> str:
         return hashlib.blake2b(tenant.encode(), key=self._key, digest_size=16).hexdigest()
+
+
+def _writer_alive(tmp: Path) -> bool:
+    """Whether the process whose pid names a temporary file (`.tmp<pid>`) still runs: another worker
+    of the model, sharing the folder, may be writing it now."""
+    pid = tmp.name.rpartition(".tmp")[2]
+    if not pid.isdigit():
+        return False
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def _tenant_key(root: Path) -> bytes:
