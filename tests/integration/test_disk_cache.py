@@ -5,6 +5,7 @@ truncated state file (skipped, the answer still right), and the disk tier keeps 
 
 from __future__ import annotations
 
+import re
 import signal
 import subprocess
 import sys
@@ -74,7 +75,7 @@ def test_a_conversation_survives_its_worker_and_a_restart(start, tmp_path: Path)
     files = state_files(data)
     assert len(files) == 1 and oct(files[0].stat().st_mode & 0o777) == "0o600", files
     assert oct(files[0].parent.parent.stat().st_mode & 0o777) == "0o700"
-    assert "42" not in files[0].name and len(files[0].stem) == 32  # a hash, not the prompt
+    assert re.fullmatch(r"[0-9a-f]{32}\.kv", files[0].name), files[0].name  # a hash, not the prompt or tenant
     answer2, _, cached2 = chat(client, turn2)
     assert cached2 >= prompt1, (cached2, prompt1)
     row = workers(srv)[0]
