@@ -1,12 +1,12 @@
-"""Streaming decode through the Anthropic dialect (`/v1/messages`) and the OpenAI Responses dialect
-(`/v1/responses`) as ratios of `/v1/chat/completions`, in the same run, on the same server and
-prompt, greedy.
+"""Streaming decode through the Anthropic dialect (`/v1/messages`), the OpenAI Responses dialect
+(`/v1/responses`) and Ollama's (`/api/chat`, newline-delimited JSON) as ratios of
+`/v1/chat/completions`, in the same run, on the same server and prompt, greedy.
 
     .venv/bin/python bench/dialects.py [--rounds 7] [--max-tokens 120] [--client raw|sdk]
 
 A dialect is a translation at the edge, so its per-token cost is the gateway's: shaping each
-worker Delta into a `content_block_delta` or `response.output_text.delta` event instead of a chat
-chunk (and, on `/v1/responses`, running the reasoning split, which that dialect always does).
+worker Delta into a `content_block_delta` or `response.output_text.delta` event, or an Ollama
+line, instead of a chat chunk (and, on `/v1/responses`, running the reasoning split, which that dialect always does).
 Rounds alternate the routes (chat, messages, responses, chat, ...) so drift in machine load hits
 all alike. Per route it reports the median decode tok/s at the client ((tokens - 1) / (last
 content event - first content event)), the paired ratio to chat (median of route_i / chat_i over
@@ -14,8 +14,8 @@ adjacent rounds), and the gateway's CPU ms per token (psutil, the gateway proces
 translation runs).
 
 `--client raw` (the default) reads every stream with the same minimal httpx line loop, so the
-clients cost the same and only the server differs; `--client sdk` uses the official `openai` and
-`anthropic` SDKs instead (their own parsing costs differ, and on a 2-core box that CPU is taken
+clients cost the same and only the server differs; `--client sdk` uses the official `openai`,
+`anthropic` and `ollama` SDKs instead (their own parsing costs differ, and on a 2-core box that CPU is taken
 from decoding). `--stream-interval-ms 0` (the default here) sends one event per token, the harshest
 case for a per-token cost; pass the server's default 20 to measure what users see.
 """
@@ -106,8 +106,31 @@ def raw_responses(http: httpx.Client, base: str, max_tokens: int) -> Round:
     return _rate(first, last, tokens), tokens
 
 
-def sdk_clients(base: str) -> tuple[Callable[[int], Round], Callable[[int], Round], Callable[[int], Round]]:
+def raw_ollama(http: httpx.Client, base: str, max_tokens: int) -> Round:
+    # No `stream`: Ollama's default is to stream.
+    body = {"model": MODEL, "messages": [{"role": "system", "content": SYSTEM}, {"role": "user", "content": ASK}],
+            "options": {"num_predict": max_tokens, "temperature": 0}}  # fmt: skip
+    first = last = None
+    tokens = 0
+    with http.stream("POST", f"{base}/api/chat", json=body) as r:
+        for line in r.iter_lines():
+            if not line:
+                continue
+            part = json.loads(line)
+            if part["message"]["content"]:
+                last = time.perf_counter()
+                first = first or last
+            if part["done"]:
+                tokens = part["eval_count"]
+    return _rate(first, last, tokens), tokens
+
+
+Runner = Callable[[int], Round]
+
+
+def sdk_clients(base: str) -> tuple[Runner, Runner, Runner, Runner]:
     import anthropic
+    import ollama
     import openai
 
     oa = openai.OpenAI(base_url=f"{base}/v1", api_key="unused", max_retries=0, timeout=300)
@@ -151,7 +174,21 @@ def sdk_clients(base: str) -> tuple[Callable[[int], Round], Callable[[int], Roun
                 tokens = ev.response.usage.output_tokens
         return _rate(first, last, tokens), tokens
 
-    return chat, messages, responses
+    ol = ollama.Client(host=base, timeout=300)
+
+    def ollama_chat(max_tokens: int) -> Round:
+        first = last = None
+        tokens = 0
+        for part in ol.chat(model=MODEL, messages=[{"role": "system", "content": SYSTEM}, {"role": "user", "content": ASK}],
+                            options={"num_predict": max_tokens, "temperature": 0}, stream=True):  # fmt: skip
+            if part.message.content:
+                last = time.perf_counter()
+                first = first or last
+            if part.done:
+                tokens = part.eval_count or 0
+        return _rate(first, last, tokens), tokens
+
+    return chat, messages, responses, ollama_chat
 
 
 def main() -> int:
@@ -168,12 +205,13 @@ def main() -> int:
         srv.wait_ready()
         gateway = psutil.Process(srv.proc.pid)
         if args.client == "sdk":
-            chat, messages, responses = sdk_clients(srv.base_url)
+            chat, messages, responses, ollama_chat = sdk_clients(srv.base_url)
         else:
             chat = lambda n: raw_chat(http, srv.base_url, n)  # noqa: E731
             messages = lambda n: raw_messages(http, srv.base_url, n)  # noqa: E731
             responses = lambda n: raw_responses(http, srv.base_url, n)  # noqa: E731
-        routes: dict[str, Callable[[int], Round]] = {"chat": chat, "messages": messages, "responses": responses}
+            ollama_chat = lambda n: raw_ollama(http, srv.base_url, n)  # noqa: E731
+        routes: dict[str, Runner] = {"chat": chat, "messages": messages, "responses": responses, "ollama": ollama_chat}
         for run in routes.values():  # load the model, warm both paths
             run(8)
         rates: dict[str, list[float]] = {name: [] for name in routes}
@@ -193,15 +231,17 @@ def main() -> int:
                "all_tok_s": [round(r, 1) for r in rates[name]]}
         for name in rates
     }  # fmt: skip
-    for name in ("messages", "responses"):
+    others = ("messages", "responses", "ollama")
+    for name in others:
         paired = [d / c for c, d in zip(rates["chat"], rates[name]) if c]
         report[f"paired_ratio_{name}"] = round(statistics.median(paired), 3)
     report["args"] = {k: str(v) for k, v in vars(args).items()}
     for name in rates:
         r = report[name]
         print(f"{name:9s} {r['tok_s']:7.1f} tok/s   gateway {r['gateway_cpu_ms_per_token']:.3f} ms CPU/token")
-    for name in ("messages", "responses"):
-        print(f"/v1/{name} decode / /v1/chat/completions decode, paired median: {report[f'paired_ratio_{name}']:.3f} "
+    paths = {"messages": "/v1/messages", "responses": "/v1/responses", "ollama": "/api/chat"}
+    for name in others:
+        print(f"{paths[name]} decode / /v1/chat/completions decode, paired median: {report[f'paired_ratio_{name}']:.3f} "
               f"(goal >= 0.98; {args.rounds} rounds, {args.max_tokens} tokens, client {args.client})")  # fmt: skip
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(report, indent=2))

@@ -172,6 +172,7 @@ def _serve(args: argparse.Namespace) -> int:
 
     from gateway.api.app import create_app
     from gateway.api.lifecycle import Lifecycle
+    from gateway.api.ollama_root import OllamaRoot
     from gateway.models.models_file import ModelsFile, ModelsFileError
     from gateway.models.store import ModelStore
     from gateway.ops.keys import KeyFileError, KeyRing
@@ -188,7 +189,9 @@ def _serve(args: argparse.Namespace) -> int:
     if not keyed and not settings.insecure_no_auth and not is_loopback(host):
         raise SystemExit(f"error: {host} is reachable beyond this machine and no API key is set; give --api-key or "
                          "--api-key-file (or --insecure-no-auth to serve anyone who can connect)")  # fmt: skip
-    sock = _listen(host, port)
+    socks = [_listen(host, port)]
+    if settings.ollama_port and settings.ollama_port != port:
+        socks.append(_listen(host, settings.ollama_port))  # `--ollama-port`: the same app on Ollama's port too
     configure_logging(settings.log_level)
     log = structlog.get_logger("gateway")
     for warning in args.env_warnings:
@@ -204,7 +207,8 @@ def _serve(args: argparse.Namespace) -> int:
         models_file = ModelsFile(settings.models_file, ModelStore(settings.data_dir))
     except ModelsFileError as exc:
         raise SystemExit(f"error: --models-file: {exc}") from None
-    app = create_app(settings, lifecycle, keys, models_file)
+    # Ollama's clients probe the root with HEAD /: answered before Litestar routes (where `/` is the web page).
+    app = OllamaRoot(create_app(settings, lifecycle, keys, models_file))
     config = uvicorn.Config(
         app,
         host=host,
@@ -221,7 +225,7 @@ def _serve(args: argparse.Namespace) -> int:
         ssl_certfile=settings.certfile,
         ssl_keyfile=settings.keyfile,
     )
-    _draining_server_class()(config, lifecycle, settings.drain_timeout_s).run(sockets=[sock])
+    _draining_server_class()(config, lifecycle, settings.drain_timeout_s).run(sockets=socks)
     return 0
 
 

@@ -100,3 +100,9 @@ _FOR_KIND: dict[ErrorKind, type[GenieXError]] = {
 def error_for(kind: ErrorKind, message: str, code: str | None = None) -> GenieXError:
     """The gateway's error for a worker's refusal: the one place a kind becomes an HTTP status."""
     return _FOR_KIND[kind](message, code=code)
+
+
+class Forbidden(GenieXError):
+    """The caller's API key is valid but may not do this (pull, delete or copy models)."""
+
+    status = 403

@@ -5,6 +5,7 @@ seconds on a large model."""
 
 from __future__ import annotations
 
+import math
 import os
 import struct
 from typing import NamedTuple
@@ -15,12 +16,14 @@ _SCALAR = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?
 _STRING, _ARRAY = 8, 9
 _WANTED = (".alignment", ".block_count", ".embedding_length", ".attention.head_count", ".attention.head_count_kv",
            ".attention.key_length", ".attention.value_length", ".pooling_type", ".context_length",
-           ".feed_forward_length", ".vocab_size")  # fmt: skip
+           ".feed_forward_length", ".vocab_size", ".fim_pre_token_id", ".prefix_token_id")  # fmt: skip
 ARCHITECTURE = "general.architecture"
 TOKENS = "tokenizer.ggml.tokens"
 CHAT_TEMPLATE = "tokenizer.chat_template"
 # 1.0 when the chat template has a `<think>` block (a reasoning model), 0.0 when not; absent: no template.
 TEMPLATE_THINKS = "tokenizer.chat_template.thinks"
+MAX_TEMPLATE_CHARS = 64 << 10  # the template is kept (Ollama's /api/show shows it) up to this
+PARAMETERS = "tensors.elements"  # the weights' element count: the model's parameter count
 # The head's GGML type, or the token embedding's when the head is tied to it (no output.weight).
 HEAD_TYPES = ("tensor.output.weight.type", "tensor.token_embd.weight.type")
 LAYER_EIGHT_BIT = "tensors.blk.eight_bit_share"
@@ -45,7 +48,7 @@ class Header(NamedTuple):
 def read_gguf_numbers(path: str) -> dict[str, float | str]:
     """The scalar metadata of a GGUF header whose key ends with one of `_WANTED`,
     `general.architecture`, the vocabulary's size, the head's type (HEAD_TYPES) and the layers'
-    8-bit share, and whether its chat template thinks (TEMPLATE_THINKS). ValueError (or struct.error on a truncated file) for a file that is not a
+    8-bit share, the parameter count (PARAMETERS), the chat template and whether it thinks (TEMPLATE_THINKS). ValueError (or struct.error on a truncated file) for a file that is not a
     readable GGUF."""
     return read_gguf(path).meta
 
@@ -94,8 +97,10 @@ def read_gguf(path: str) -> Header:
                 (out[key],) = struct.unpack(_SCALAR[vtype], f.read(struct.calcsize(_SCALAR[vtype])))
             elif vtype == _STRING and key == ARCHITECTURE:
                 out[key] = string().decode(errors="replace")
-            elif vtype == _STRING and key == CHAT_TEMPLATE:  # not kept: only whether it can think
-                out[TEMPLATE_THINKS] = float(b"<think>" in string())
+            elif vtype == _STRING and key == CHAT_TEMPLATE:
+                template = string()
+                out[TEMPLATE_THINKS] = float(b"<think>" in template)
+                out[CHAT_TEMPLATE] = template[:MAX_TEMPLATE_CHARS].decode(errors="replace")
             elif vtype == _ARRAY and key == TOKENS:  # its length is the vocabulary size (the NPU estimate)
                 here = f.tell()
                 f.read(4)  # element type
@@ -116,6 +121,7 @@ def read_gguf(path: str) -> Header:
         data_start = -(-f.tell() // alignment) * alignment
     # What the NPU plan reads of the tensors: the head's type, and the layers' 8-bit share.
     layer, eight_bit = 0, 0
+    out[PARAMETERS] = sum(math.prod(t.dims) for t in tensors)
     for t in tensors:
         if t.name in ("output.weight", "token_embd.weight"):
             out[f"tensor.{t.name}.type"] = t.ggml_type

@@ -190,6 +190,7 @@ class Embed(msgspec.Struct, tag="embed", array_like=True, omit_defaults=True):
     token_ids: list[list[int]] | None = None
     normalize: bool = True
     dimensions: int = 0
+    truncate: bool = False  # an input longer than the model reads is cut to fit (Ollama's default), not refused
 
 
 class Rerank(msgspec.Struct, tag="rerank", array_like=True, omit_defaults=True):

@@ -22,9 +22,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 CACHE = Path(os.environ.get("GENIEX_AGENT_CLIS") or Path.home() / ".cache" / "geniex" / "agent-clis")
-# Codex speaks Responses, Claude Code Anthropic's Messages, pi (a small coding agent) Chat Completions.
-PACKAGES = ("@openai/codex", "@anthropic-ai/claude-code", "@mariozechner/pi-coding-agent")
+# Codex speaks Responses, Claude Code Anthropic's Messages, pi (a small coding agent) Chat Completions;
+# `ollama` is Ollama's JavaScript client (a library, no command), for tests/integration/test_ollama.py.
+PACKAGES = ("@openai/codex", "@anthropic-ai/claude-code", "@mariozechner/pi-coding-agent", "ollama")
 COMMANDS = ("codex", "claude", "pi")
+LIBRARIES = ("ollama",)
 NODE_MAJOR = 22
 REFRESH_S = 24 * 3600
 INSTALL_TIMEOUT_S = 300
@@ -35,6 +37,11 @@ VERSIONS = CACHE / "versions.json"  # what the last test run used; tests/conftes
 class Clis:
     node_bin: Path  # the folder of a node >= NODE_MAJOR, first on the CLIs' PATH
     bin: Path  # node_modules/.bin of the installed CLIs
+
+    @property
+    def modules(self) -> Path:
+        """The folder a script run there imports the installed packages from (`import ... from "ollama"`)."""
+        return self.bin.parent.parent
 
     def env(self, home: Path, **extra: str) -> dict[str, str]:
         """A clean environment for one run: its own HOME (no user config, no login), no proxy."""
@@ -105,7 +112,8 @@ def install() -> Clis | str:
         return why
     clis = Clis(node_bin=node_bin, bin=CACHE / "clis" / "node_modules" / ".bin")
     stamp = CACHE / "clis" / ".updated"
-    have = all((clis.bin / n).exists() for n in COMMANDS)
+    have = all((clis.bin / n).exists() for n in COMMANDS) and all((clis.modules / "node_modules" / n).exists()
+                                                                  for n in LIBRARIES)  # fmt: skip
     if have and stamp.exists() and time.time() - stamp.stat().st_mtime < REFRESH_S:
         return clis
     env = {**os.environ, "PATH": f"{node_bin}{os.pathsep}{os.environ.get('PATH', '')}"}

@@ -74,6 +74,13 @@ def check_lengths(seqs: Sequence[Seq], max_len: int, what: str = "input") -> Non
             )
 
 
+def cut_to(seqs: list[Seq], max_len: int) -> list[Seq]:
+    """Each sequence at most `max_len` tokens (Embed's `truncate`): its head, and its last token,
+    which is the end marker ([SEP], EOS) the model's pooling was trained to see."""
+    return [s if len(s.ids) <= max_len else Seq([*s.ids[: max_len - 1], s.ids[-1]] if max_len > 1 else s.ids[:1])
+            for s in seqs]  # fmt: skip
+
+
 def finish(vectors: np.ndarray, *, dimensions: int = 0, normalize: bool = True) -> np.ndarray:
     """Truncate to `dimensions` (0: keep all), then scale each row to unit length."""
     out = np.asarray(vectors, dtype=np.float32)

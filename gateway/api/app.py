@@ -33,8 +33,10 @@ from gateway.api import (
     logits,
     messages,
     models,
+    ollama,
     openapi,
     ops,
+    pull,
     responses,
     speech,
     tokens,
@@ -194,6 +196,8 @@ def create_app(settings: Settings, lifecycle: Lifecycle | None = None, keys: Key
         systemd.start_watchdog()
         lifecycle.on_drain.append(systemd.stopping)
         lifecycle.on_drain.append(pool.hub.close)  # /v1/events streams end, so that the drain can finish
+        # Running pulls end at once: they would hold the drain for as long as a download takes.
+        lifecycle.on_drain.append(services.pulls.cancel_all)
         lifecycle.on_drain_timeout.append(lambda: _abort_inflight(pool))
 
         async def preload() -> None:
@@ -217,6 +221,7 @@ def create_app(settings: Settings, lifecycle: Lifecycle | None = None, keys: Key
             yield
         finally:
             preloading.cancel()
+            services.pulls.cancel_all()
             watching.cancel()
             lifecycle.ready = False
             systemd.stopping()
@@ -248,6 +253,8 @@ def create_app(settings: Settings, lifecycle: Lifecycle | None = None, keys: Key
             *diarize.handlers,
             *speech.handlers,
             *models.handlers,
+            *pull.handlers,
+            *ollama.handlers,
             *events.handlers,
             *tokens.handlers,
             *health.handlers,

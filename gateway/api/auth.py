@@ -3,6 +3,8 @@
 `Authorization: Bearer KEY` or `x-api-key: KEY`; missing or wrong is 401 with `WWW-Authenticate`.
 The caller's label (never the key) goes to the request's log lines, its usage-ledger rows and its
 prompt-cache tenant. A key with limits is counted in here too: over one, 429 with `Retry-After`.
+Whether the key may manage models (pull, delete, copy: gateway/ops/keys.py) goes to the request's
+state as well, for `require_manage`; without keys every caller may.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from litestar import Request
 from litestar.types import ASGIApp, HTTPScope, Receive, Scope, Send
 
 from gateway.api.error_body import send_error
+from gateway.errors import Forbidden
 from gateway.ops.keys import KeyRing
 from gateway.ops.ledger import key_label
 from gateway.ops.limits import KeyLimiter, Refusal
@@ -26,6 +29,7 @@ OPEN_PATHS = frozenset({"/health", "/ready"})
 WEB_PATHS = frozenset({"/", "/ops", "/try", "/docs", "/openapi.json"})
 WEB_PREFIX = "/static/"
 CALLER = "caller"  # where the caller's label lives in the request's state
+MANAGE = "manage"  # and whether its key may manage models (set only when the server has keys)
 
 
 def presented_key(headers: dict[bytes, bytes]) -> str:
@@ -45,6 +49,17 @@ def caller_of(request: Request) -> str:
     # SDKs send `x-api-key`, the OpenAI SDKs `Authorization: Bearer`).
     key = presented_key(dict(request.scope["headers"]))
     return key_label(f"Bearer {key}" if key else None)
+
+
+def require_manage(request: Request, what: str) -> None:
+    """Refuse (403) a caller whose API key may not manage models; `what` names the act ("pull models").
+    A server without keys lets everyone: it is reachable only from where its operator allowed."""
+    state = request.scope.get("state", {})
+    if CALLER in state and not state.get(MANAGE, False):
+        raise Forbidden(
+            f"this API key ({state[CALLER]}) may not {what}: only keys given with --api-key, or marked "
+            "manage=yes in the key file, manage models"
+        )
 
 
 def tenant_of(request: Request) -> str:
@@ -72,7 +87,9 @@ class ApiKeyAuth:
         if key is None:
             await _unauthorized(send, scope["path"])
             return
-        http.setdefault("state", {})[CALLER] = key.label
+        state = http.setdefault("state", {})
+        state[CALLER] = key.label
+        state[MANAGE] = key.manage
         structlog.contextvars.bind_contextvars(api_key=key.label)
         if not key.limits.any:
             await self.app(scope, receive, send)

@@ -1,5 +1,6 @@
-"""One answer's worker messages as an agent dialect's SSE events (Anthropic Messages, OpenAI
-Responses): the one driver both streams run, with each dialect's rendering behind `Renderer`.
+"""One answer's worker messages as a dialect's stream (Anthropic Messages and OpenAI Responses as
+SSE events, Ollama as JSON lines): the one driver they all run, with each dialect's rendering
+behind `Renderer` and its framing (`event`, or a JSON line) passed in.
 
 The driver owns what must not differ between them: the answer is shaped by the same ChoiceShaper
 as a chat stream (reasoning split, tool calls parsed); the stream opens once the prompt is
@@ -10,8 +11,8 @@ after the first byte becomes the dialect's error events (the counting is stream_
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Sequence
-from typing import Protocol
+from collections.abc import AsyncIterator, Callable, Sequence
+from typing import Protocol, TypeVar
 
 import msgspec
 from litestar.response import ServerSentEventMessage
@@ -24,6 +25,7 @@ from protocol.chat import ChunkDelta, Usage
 from protocol.wire import Done, Started
 
 _encode = msgspec.json.Encoder().encode
+T = TypeVar("T")
 
 
 def event(ev: msgspec.Struct) -> ServerSentEventMessage:
@@ -57,9 +59,15 @@ class Renderer(Protocol):
 
 def sse(c: Completion, shaper: ChoiceShaper, render: Renderer, first: Tagged,
         rest: AsyncIterator[Tagged]) -> AsyncIterator[ServerSentEventMessage]:  # fmt: skip
+    return drive(c, shaper, render, first, rest, event)
+
+
+def drive(c: Completion, shaper: ChoiceShaper, render: Renderer, first: Tagged, rest: AsyncIterator[Tagged],
+          frame: Callable[[msgspec.Struct], T]) -> AsyncIterator[T]:  # fmt: skip
+    """The stream of one answer, each of `render`'s events framed by `frame`."""
     started = False
 
-    async def answer() -> Stream[ServerSentEventMessage]:
+    async def answer() -> Stream[T]:
         nonlocal started
         item = first
         while True:
@@ -69,7 +77,7 @@ def sse(c: Completion, shaper: ChoiceShaper, render: Renderer, first: Tagged,
                     c.started(msg)  # the opening says what truncation dropped
                 tokens = (msg.prompt_tokens, msg.cached_tokens) if isinstance(msg, Started | Done) else (0, 0)
                 for ev in render.start(*tokens):
-                    yield event(ev)
+                    yield frame(ev)
                 started = True
             events: Sequence[msgspec.Struct] = ()
             if isinstance(msg, Started):
@@ -77,11 +85,11 @@ def sse(c: Completion, shaper: ChoiceShaper, render: Renderer, first: Tagged,
             elif isinstance(msg, Done):
                 tail = shaper.finish()
                 for ev in [*(render.piece(tail[0], msg.completion_tokens) if tail else []), *render.close()]:
-                    yield event(ev)
+                    yield frame(ev)
                 c.record_done(0, msg)
                 yield FINAL
                 for ev in render.end(shaper.finish_reason(msg.finish_reason), msg, c.usage()):
-                    yield event(ev)
+                    yield frame(ev)
                 return
             else:
                 c.first_token()
@@ -92,10 +100,10 @@ def sse(c: Completion, shaper: ChoiceShaper, render: Renderer, first: Tagged,
                     piece = shaper.feed(msg.text, msg.logprobs)
                     events = render.piece(piece[0], msg.n_tokens) if piece is not None else []
             for ev in events:
-                yield event(ev)
+                yield frame(ev)
             item = await anext(rest)
 
-    def fail(exc: GenieXError) -> list[ServerSentEventMessage]:
-        return [event(ev) for ev in render.fail(exc.message, exc.status, started)]
+    def fail(exc: GenieXError) -> list[T]:
+        return [frame(ev) for ev in render.fail(exc.message, exc.status, started)]
 
     return billed(answer(), c.settle, fail)

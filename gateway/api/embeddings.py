@@ -87,7 +87,7 @@ def vectors(reply: Embeddings, encoding: str) -> list[Embedding]:
     return [Embedding(values[i * reply.dim : (i + 1) * reply.dim].tolist(), i) for i in range(reply.n)]
 
 
-async def _ask(request: Request, worker: WorkerHandle, entry: ModelEntry, message: Embed | Rerank) -> Answer:
+async def ask(request: Request, worker: WorkerHandle, entry: ModelEntry, message: Embed | Rerank) -> Answer:
     """Send one request to the worker and await its one reply; name the model in a refusal."""
     try:
         return await unless_disconnected(request, worker.call(message))
@@ -105,7 +105,7 @@ async def embeddings(request: Request, body: RawBody, services: NamedDependency[
     accounting = services.accounting(entry.id, caller_of(request), data.user)
     worker = await accounting.guard(services.worker(entry, compute=data.compute))
     message = Embed(0, current_request_id() or "", texts=texts, token_ids=token_ids, dimensions=data.dimensions or 0)
-    reply = await accounting.guard(_ask(request, worker, entry, message))
+    reply = await accounting.guard(ask(request, worker, entry, message))
     assert isinstance(reply, Embeddings)
     accounting.settle("ok", reply.prompt_tokens, 0)
     return EmbeddingResponse(
@@ -130,7 +130,7 @@ async def reranking(
     accounting = services.accounting(entry.id, caller_of(request), data.user)
     worker = await accounting.guard(services.worker(entry, compute=data.compute))
     message = Rerank(0, current_request_id() or "", data.query, data.documents, data.batch_size)
-    reply = await accounting.guard(_ask(request, worker, entry, message))
+    reply = await accounting.guard(ask(request, worker, entry, message))
     assert isinstance(reply, Scores)
     accounting.settle("ok", reply.prompt_tokens, 0)
     scores = normalize_scores(reply.scores, data.normalize_method) if data.normalize else reply.scores

@@ -53,7 +53,7 @@ def model_state(pool: WorkerPool, model_id: str) -> str:
     return "not_loaded"
 
 
-def _model(e: ModelEntry, services: Services, facts: ModelFacts) -> Model:
+def model_view(e: ModelEntry, services: Services, facts: ModelFacts) -> Model:
     pool, settings = services.pool, services.settings
     engine = worker_engine(e)
     caps = entry_capabilities(engine, e.path, e.mmproj)
@@ -79,12 +79,12 @@ def _model(e: ModelEntry, services: Services, facts: ModelFacts) -> Model:
 @get("/v1/models")
 async def list_models(services: NamedDependency[Services]) -> ModelList:
     facts = facts_of(services)
-    return ModelList(data=[_model(e, services, facts) for e in services.store.entries() if not facts.hidden(e.id)])
+    return ModelList(data=[model_view(e, services, facts) for e in services.store.entries() if not facts.hidden(e.id)])
 
 
 @get("/v1/models/{model_id:path}")
 async def get_model(services: NamedDependency[Services], model_id: FromPath[str]) -> Model:
-    return _model(services.store.resolve(model_id.lstrip("/")), services, facts_of(services))
+    return model_view(services.store.resolve(model_id.lstrip("/")), services, facts_of(services))
 
 
 @post("/v1/models/load", status_code=200)
@@ -93,7 +93,7 @@ async def load_model(body: RawBody, services: NamedDependency[Services]) -> Mode
     data = read_json(body, LoadRequest)
     entry = services.store.resolve(data.model)
     await services.worker(entry, nctx=data.nctx, compute=data.compute, keep_alive=data.keep_alive, claim=False)
-    return _model(entry, services, facts_of(services))
+    return model_view(entry, services, facts_of(services))
 
 
 @post("/v1/models/unload", status_code=200)

@@ -32,6 +32,8 @@ from protocol import (
     images,
     logits,
     models,
+    ollama,
+    pull,
     responses,
     speech,
 )
@@ -145,6 +147,7 @@ RENAME = {
 }
 
 JSON = "application/json"
+NDJSON = "application/x-ndjson"
 
 
 class Op(msgspec.Struct, frozen=True):
@@ -157,6 +160,7 @@ class Op(msgspec.Struct, frozen=True):
     tag: str = "GenieX extensions"
     response_media: str = JSON
     streams: bool = False  # `stream: true` answers Server-Sent Events
+    ndjson: bool = False  # Ollama's routes: `stream` (true by default) answers newline-delimited JSON
 
 
 def _ops() -> list[Op]:
@@ -313,6 +317,58 @@ def _ops() -> list[Op]:
             response_media=EVENT_STREAM,
         ),
         Op("get", "/v1/usage", "The usage ledger per day, model, key and user", None, UsageList, tag="Operations"),
+        Op(
+            "post",
+            "/v1/models/pull",
+            "Download a Hugging Face GGUF model; progress as Server-Sent Events (docs/api.md)",
+            pull.PullRequest,
+            "ModelResponse",
+            streams=True,
+        ),
+        # Ollama's API (docs/ollama.md).
+        Op(
+            "post",
+            "/api/pull",
+            "Ollama's pull: a Hugging Face GGUF, progress as NDJSON lines",
+            pull.OllamaPullRequest,
+            pull.PullStatus,
+            tag="Ollama",
+            ndjson=True,
+        ),
+        Op("post", "/api/chat", "Ollama's chat", ollama.OllamaChatRequest, ollama.ChatChunk, tag="Ollama", ndjson=True),
+        Op(
+            "post",
+            "/api/generate",
+            "Ollama's completion (`raw`, `suffix`: a raw prompt)",
+            ollama.GenerateRequest,
+            ollama.GenerateChunk,
+            tag="Ollama",
+            ndjson=True,
+        ),
+        Op("post", "/api/embed", "Ollama's embeddings", ollama.EmbedRequest, ollama.EmbedResponse, tag="Ollama"),
+        Op(
+            "post",
+            "/api/embeddings",
+            "Ollama's older embeddings (one `prompt`)",
+            ollama.EmbeddingsRequest,
+            ollama.EmbeddingsResponse,
+            tag="Ollama",
+        ),
+        Op("get", "/api/tags", "The models, Ollama's list", None, ollama.Tags, tag="Ollama"),
+        Op(
+            "post",
+            "/api/show",
+            "A model's details, template and capabilities",
+            ollama.ModelRequest,
+            ollama.Show,
+            tag="Ollama",
+        ),
+        Op("get", "/api/ps", "The loaded models", None, ollama.Running, tag="Ollama"),
+        Op("get", "/api/version", "The Ollama API version this server follows", None, ollama.Version, tag="Ollama"),
+        Op("post", "/api/copy", "A new name for a model (an alias)", ollama.CopyRequest, None, tag="Ollama"),
+        Op(
+            "delete", "/api/delete", "Delete a copy's name, or a model's files", ollama.ModelRequest, None, tag="Ollama"
+        ),
         Op("get", "/health", "Liveness", None, "Status", tag="Operations"),
         Op("get", "/ready", "Readiness (503 while preloading or draining)", None, "Status", tag="Operations"),
         Op("get", "/metrics", "Prometheus metrics", None, None, tag="Operations", response_media="text/plain"),
@@ -422,6 +478,9 @@ def _operation(op: Op, refs: dict[Any, str]) -> dict[str, Any]:
             {"type": "string", "format": "binary"} if op.response_media.startswith("audio/") else {"type": "string"}
         )
         ok["content"] = {op.response_media: {"schema": schema}}
+    if op.ndjson:
+        ok["description"] = "OK; unless `stream: false`, newline-delimited JSON: one of these per line, the last `done`"
+        ok.setdefault("content", {})[NDJSON] = {"schema": {"$ref": refs[op.response]}}
     if op.streams:
         ok["description"] = "OK; with `stream: true`, Server-Sent Events of chunks"
         ok.setdefault("content", {})["text/event-stream"] = {"schema": {"type": "string"}}

@@ -22,6 +22,7 @@ from gateway.media.images import chat_images
 from gateway.media.inputs import MediaLimits
 from gateway.models.capabilities import capabilities_of, serving
 from gateway.models.models_file import ModelsFile, R
+from gateway.models.pulls import Pulls
 from gateway.models.store import ModelEntry, ModelStore
 from gateway.ops.accounting import Accounting
 from gateway.ops.ledger import Ledger
@@ -49,6 +50,7 @@ class Services:
     responses: ResponseStore  # recent /v1/responses answers, for previous_response_id
     # `--models-file`: aliases (the store resolves them), per-model defaults, hidden and disabled models
     models_file: ModelsFile = field(default_factory=ModelsFile)
+    pulls: Pulls = field(default_factory=Pulls)  # downloads running in the server (POST /v1/models/pull, /api/pull)
 
     @property
     def facts(self) -> ModelFacts:

@@ -36,6 +36,7 @@ import msgspec
 import structlog
 
 from gateway.errors import BadRequest, GenieXError, ModelNotFound
+from gateway.models.copies import Copies
 from gateway.models.ctranslate2 import MODEL_FILE as CT2_MODEL_FILE
 from gateway.models.ctranslate2 import WHISPER_OPTIONAL, WHISPER_REQUIRED, whisper_precision
 from protocol.genie_bundle import CONFIG_FILE as GENIE_CONFIG
@@ -290,6 +291,7 @@ class ModelStore:
         self.bundled = bundled_models() if bundled is None else list(bundled)
         # `--models-file`: aliases and disabled models, consulted by resolve (set by the server)
         self.models_file: ModelsFile | None = None
+        self.copies = Copies(self.data_dir / "aliases.json")  # names given at run time (Ollama's /api/copy)
 
     # ----------------------------------------------------------------- reading
 
@@ -303,9 +305,12 @@ class ModelStore:
 
     def resolve(self, name: str, *, plain: bool = False) -> ModelEntry:
         """`org/repo:precision` (precision case-insensitive) or `org/repo` (preferred precision), or an
-        alias the models file gives one; a model the file disables is a 404 that says so. `plain`:
-        the store alone, without the models file."""
-        if plain or self.models_file is None:
+        alias the models file or a copy (gateway/models/copies.py) gives one; a model the file
+        disables is a 404 that says so. `plain`: the store alone, without either."""
+        if plain:
+            return self._resolve(name)
+        name = self.copies.target(name) or name
+        if self.models_file is None:
             return self._resolve(name)
         entry = self._resolve(self.models_file.target(name))
         self.models_file.check_enabled(entry.id, name)

@@ -1,9 +1,13 @@
 """API keys: who may call the server, and the name each caller goes by in the ledger and logs.
 
 Keys come from `--api-key` (repeatable) and `--api-key-file` (one key per line, an optional label
-and optional limits after it, `#` comments: `KEY [LABEL] [rpm=N] [tpm=N] [concurrent=N]`), and the
-file is read again on SIGHUP. A key is never kept or logged in
+and optional words after it, `#` comments: `KEY [LABEL] [rpm=N] [tpm=N] [concurrent=N] [manage=yes]`),
+and the file is read again on SIGHUP. A key is never kept or logged in
 the clear beyond this object: callers are named by their label, or by a hash of the key.
+
+Managing models (pulling, deleting, copying them over HTTP) is a right of its own: a key given
+with `--api-key` has it (whoever sets the server's flags owns it), a key-file key only with
+`manage=yes`, so that a team's keys can use models without filling or emptying the disk.
 """
 
 from __future__ import annotations
@@ -23,11 +27,26 @@ class KeyFileError(ValueError):
     pass
 
 
+MANAGE = "manage"
+_YES = {"yes": True, "true": True, "no": False, "false": False}
+
+
 @dataclass(frozen=True)
 class Key:
     digest: bytes  # sha256 of the key
     label: str
     limits: Limits = NO_LIMITS
+    manage: bool = False  # may pull, delete and copy models
+
+
+@dataclass(frozen=True)
+class KeyLine:
+    """One line of the key file."""
+
+    key: str
+    label: str
+    limits: Limits = NO_LIMITS
+    manage: bool = False
 
 
 def _digest(key: str) -> bytes:
@@ -38,9 +57,9 @@ def default_label(key: str) -> str:
     return "key-" + hashlib.sha256(key.encode()).hexdigest()[:8]
 
 
-def parse_key_file(text: str) -> list[tuple[str, str, Limits]]:
-    """(key, label, limits) per line: `KEY [LABEL] [rpm=N] [tpm=N] [concurrent=N]`; blank lines and
-    `#` comments are skipped."""
+def parse_key_lines(text: str) -> list[KeyLine]:
+    """One KeyLine per line: `KEY [LABEL] [rpm=N] [tpm=N] [concurrent=N] [manage=yes|no]`; blank
+    lines and `#` comments are skipped."""
     out = []
     for n, line in enumerate(text.splitlines(), 1):
         words = line.split("#", 1)[0].split()
@@ -50,27 +69,43 @@ def parse_key_file(text: str) -> list[tuple[str, str, Limits]]:
         if len(key) < MIN_KEY_CHARS:
             raise KeyFileError(f"line {n}: a key has at least {MIN_KEY_CHARS} characters")
         label = rest.pop(0) if rest and "=" not in rest[0] else default_label(key)
+        manage = False
+        limit_words = []
+        for word in rest:
+            name, _, value = word.partition("=")
+            if name != MANAGE:
+                limit_words.append(word)
+            elif value.lower() in _YES:
+                manage = _YES[value.lower()]
+            else:
+                raise KeyFileError(f"line {n}: {word!r}: `manage` is yes or no")
         try:
-            limits = Limits.parse(rest)
+            limits = Limits.parse(limit_words)
         except ValueError as exc:
-            raise KeyFileError(f"line {n}: {exc}") from None
-        out.append((key, label, limits))
+            raise KeyFileError(f"line {n}: {exc}, or manage=yes (the key may pull, delete and copy models)") from None
+        out.append(KeyLine(key, label, limits, manage))
     return out
+
+
+def parse_key_file(text: str) -> list[tuple[str, str, Limits]]:
+    """(key, label, limits) per line of the key file (parse_key_lines without the rights)."""
+    return [(k.key, k.label, k.limits) for k in parse_key_lines(text)]
 
 
 class KeyRing:
     def __init__(self, keys: list[str], key_file: Path | None = None) -> None:
-        self._flag_keys = [(k, default_label(k), NO_LIMITS) for k in keys]
+        # The flags' keys manage models: they belong to whoever runs the server.
+        self._flag_keys = [KeyLine(k, default_label(k), NO_LIMITS, manage=True) for k in keys]
         self.key_file = key_file
         self.keys: list[Key] = []
         self.reload()
 
     def reload(self) -> None:
         """Read the key file again (SIGHUP); a file that cannot be read keeps the keys as they were."""
-        pairs = list(self._flag_keys)
+        lines = list(self._flag_keys)
         if self.key_file is not None:
-            pairs += parse_key_file(self.key_file.read_text())
-        self.keys = [Key(_digest(k), label, limits) for k, label, limits in pairs]
+            lines += parse_key_lines(self.key_file.read_text())
+        self.keys = [Key(_digest(k.key), k.label, k.limits, k.manage) for k in lines]
 
     @property
     def enabled(self) -> bool:

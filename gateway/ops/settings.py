@@ -69,6 +69,9 @@ class Settings(msgspec.Struct, kw_only=True):
     host: Annotated[str, Flag("address to bind, `host`, `host:port` or `[v6]:port` (loopback by default)",
                               arg_default=DEFAULT_HOST)] = "127.0.0.1"  # fmt: skip
     port: int = 18181  # from --host
+    ollama_port: Annotated[int, Flag(
+        "also listen on this port, at the same address, for clients that assume Ollama's (11434 is Ollama's own; "
+        "0: not); the same server, every API on both", at_least=0, at_most=65535)] = 0  # fmt: skip
     nctx: Annotated[int, Flag("context per request when the request has no `nctx`", "workers", at_least=1)] = 4096
     ngl: Annotated[int, Flag("GPU layers when the request has no `ngl` (-1 or 999: all)", "workers")] = -1
     compute: Annotated[str | None, Flag(
@@ -157,7 +160,8 @@ class Settings(msgspec.Struct, kw_only=True):
         "concurrent=2`, `#` comments); read again on SIGHUP. The ledger, the logs and the prompt cache know a "
         "caller by the label (or a hash of the key), never by the key. Over a limit: 429 with `Retry-After`, "
         "naming the limit; `rpm`/`tpm` are sliding minutes (tokens are prompt plus completion, counted as a "
-        "request ends), `concurrent` counts requests in flight; per-key series in `/metrics` (`geniex:key_*`)")] = None  # fmt: skip
+        "request ends), `concurrent` counts requests in flight; per-key series in `/metrics` (`geniex:key_*`). "
+        "`manage=yes` lets a key pull, copy and delete models over HTTP (`--api-key` keys may)")] = None  # fmt: skip
     metrics_key: Annotated[bool, Flag("`/metrics` needs a key too (`/health` and `/ready` never do)")] = False
     insecure_no_auth: Annotated[bool, Flag(
         "bind an address other machines can reach without any API key (refused otherwise; logged loudly)")] = False  # fmt: skip

@@ -43,6 +43,15 @@ def _header(path: str, mtime: float) -> dict[str, float | str]:
         return {}
 
 
+def gguf_meta(path: str) -> dict[str, float | str]:
+    """A GGUF's header metadata (protocol/gguf_header.py's read_gguf_numbers), cached; {} when it
+    cannot be read or is not a GGUF."""
+    try:
+        return _header(path, os.path.getmtime(path)) if path.endswith(".gguf") else {}
+    except OSError:
+        return {}
+
+
 def is_embedding_gguf(path: str) -> bool:
     """A GGUF that declares a pooling (sentence-transformers models, rerankers, decoder-based
     embedders, as llama.cpp's converter writes them) or is an encoder: served by the

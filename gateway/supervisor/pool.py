@@ -421,6 +421,11 @@ class WorkerPool:
     def residents_of(self, model: str) -> list[WorkerHandle]:
         return [h for k, h in self.workers.items() if k.model == model and h.alive]
 
+    def memory_of(self, h: WorkerHandle) -> tuple[int, int]:
+        """(bytes of host RAM, bytes of a discrete GPU's memory) the pool planned for the worker."""
+        device = self._device_estimates.get(h.key)
+        return self._estimates.get(h.key, 0), device[1] if device is not None else 0
+
     def loading(self, model: str) -> bool:
         """Whether a worker of `model` is being started (its memory planned, or its process loading)."""
         return any(k.model == model for k in self._starting)

@@ -26,6 +26,7 @@ from workers.embedding_jobs import (
     Seq,
     check_lengths,
     check_token_ids,
+    cut_to,
     pool,
 )
 from workers.engines import EngineError, EngineOptions
@@ -208,6 +209,7 @@ class LlamaEmbedEngine(QueuedEngine, VocabTokens):
                 seqs = [Seq(list(row)) for row in req.token_ids]
             else:
                 seqs = [Seq(self._tokenize(t, True)) for t in req.texts or []]
+            seqs = cut_to(seqs, self.max_len) if req.truncate else seqs
             check_lengths(seqs, self.max_len)
             self.queue.submit_embed(req, seqs)
             return

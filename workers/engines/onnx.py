@@ -46,6 +46,7 @@ from workers.embedding_jobs import (
     Seq,
     check_lengths,
     check_token_ids,
+    cut_to,
     pool,
 )
 from workers.engines import EngineError, EngineOptions
@@ -405,6 +406,7 @@ class OnnxEngine(QueuedEngine):
     def submit(self, req: Embed | Rerank) -> None:
         if isinstance(req, Embed):
             seqs = self._embed_inputs(req)
+            seqs = cut_to(seqs, self.max_len) if req.truncate else seqs
             check_lengths(seqs, self.max_len)
             self.queue.submit_embed(req, seqs)
             return

@@ -1,7 +1,7 @@
 // The operations page: the workers (/v1/workers), read again whenever /v1/events says a worker
 // changed, and every second while one is busy (for the throughput and queue charts over the last
-// five minutes); the models with load and unload and their effective settings; the usage ledger per
-// day and model. Without the event stream (an older server, a proxy that buffers), it polls every second.
+// five minutes); the models with load and unload and their effective settings; a box that pulls a
+// model from Hugging Face with a progress bar; the usage ledger per day and model. Without the event stream (an older server, a proxy that buffers), it polls every second.
 "use strict";
 
 (() => {
@@ -169,6 +169,89 @@
     if (Date.now() - lastPoll >= every) { lastPoll = Date.now(); refresh(); }
   }
 
+  // Pull: POST /v1/models/pull read as Server-Sent Events with fetch() (the key goes along). Cancel
+  // aborts the fetch; the server stops the download once no client follows it, and keeps nothing.
+  let pulling = null; // the AbortController of the pull in progress
+  function pullStatus(text, failed) {
+    const status = $("pull-status");
+    status.textContent = text;
+    status.classList.toggle("error", !!failed);
+    status.classList.toggle("muted", !failed);
+  }
+
+  function pullProgress(data) {
+    const bar = $("pull-progress");
+    if (data.total) {
+      bar.max = data.total;
+      bar.value = data.completed || 0;
+      const pct = Math.floor((100 * (data.completed || 0)) / data.total);
+      pullStatus(`${data.file || data.status}: ${G.bytes(data.completed || 0)} of ${G.bytes(data.total)} (${pct}%)`);
+    } else {
+      pullStatus(data.status);
+    }
+  }
+
+  // Calls onEvent(event, data) for each event of an SSE body; returns when the body ends.
+  async function readEvents(resp, onEvent) {
+    const reader = resp.body.getReader();
+    const text = new TextDecoder();
+    let buffered = "";
+    for (;;) {
+      const { value, done } = await reader.read();
+      if (done) return;
+      const blocks = (buffered + text.decode(value, { stream: true })).split(/\r?\n\r?\n/);
+      buffered = blocks.pop();
+      for (const block of blocks) {
+        let event = "message";
+        const data = [];
+        for (const line of block.split(/\r?\n/)) {
+          if (line.startsWith("event:")) event = line.slice(6).trim();
+          else if (line.startsWith("data:")) data.push(line.slice(5).trim());
+        }
+        if (data.length) onEvent(event, JSON.parse(data.join("\n")));
+      }
+    }
+  }
+
+  async function pull(ev) {
+    ev.preventDefault();
+    const name = $("pull-name").value.trim();
+    if (!name || pulling) return;
+    const mine = pulling = new AbortController();
+    $("pull-start").disabled = true;
+    $("pull-cancel").hidden = false;
+    const bar = $("pull-progress");
+    bar.value = 0;
+    bar.hidden = false;
+    pullStatus(`pulling ${name}…`);
+    let outcome = null;
+    try {
+      const resp = await G.call("/v1/models/pull", {
+        json: { model: name, stream: true }, signal: mine.signal, headers: { Accept: "text/event-stream" },
+      });
+      await readEvents(resp, (event, data) => {
+        if (event === "progress") pullProgress(data);
+        else if (event === "done") outcome = { id: data.id };
+        else if (event === "error") outcome = { error: data.error };
+      });
+      if (outcome && outcome.id) {
+        bar.value = bar.max;
+        pullStatus(`pulled ${outcome.id}`);
+        refreshModels();
+      } else {
+        pullStatus((outcome && outcome.error) || "the pull ended without an answer; try again", true);
+      }
+    } catch (e) {
+      if (mine.signal.aborted) pullStatus(`cancelled the pull of ${name}`);
+      else pullStatus(e.message, true);
+    } finally {
+      pulling = null;
+      $("pull-start").disabled = false;
+      $("pull-cancel").hidden = true;
+      if (!(outcome && outcome.id)) bar.hidden = true;
+    }
+  }
+
   async function refreshUsage() {
     let rows;
     try { rows = (await G.json("/v1/usage")).data || []; } catch (e) { G.banner(e.message); return; }
@@ -187,6 +270,8 @@
 
   document.addEventListener("DOMContentLoaded", () => {
     setupCharts();
+    $("pull-form").addEventListener("submit", pull);
+    $("pull-cancel").addEventListener("click", () => { if (pulling) pulling.abort(); });
     const all = () => { lastPoll = Date.now(); refresh(); refreshModels(); refreshUsage(); };
     all();
     follow();
