@@ -7,6 +7,8 @@ It starts its own `geniex serve` (two chat models and one embedding model under 
 so workers are evicted and reloaded all the time), runs 16 concurrent clients (the `openai` SDK,
 and raw httpx for what the SDK cannot do or hides: SSE framing, disconnects, malformed bodies),
 and injects faults at the rates given: clients leaving mid-stream, SIGKILL of a random worker,
+SIGSTOP of a busy worker (a hang: the gateway must find it within --hang-silence-s, fail its
+requests cleanly and replace it),
 bursts past --max-queue, malformed requests, the data dir's disk filling up (a tmpfs mounted for
 the run; needs root, else the fault is reported as skipped) while the usage ledger writes, and
 SIGTERM of the gateway near the end, so the drain runs under load.
@@ -198,6 +200,9 @@ class State:
     sigterm_at: float = 0.0
     kills: int = 0
     kills_by_model: Counter[str] = field(default_factory=Counter)
+    hangs: int = 0
+    hangs_by_model: Counter[str] = field(default_factory=Counter)
+    stopped: set[int] = field(default_factory=set)  # pids stopped by the hang fault
     bursts: int = 0
     disk_episodes: int = 0
     disk_skipped: str = ""
@@ -525,7 +530,9 @@ async def kill_a_worker(st: State, http: httpx.AsyncClient) -> None:
         w for w in await workers_table(http) if w.get("pid") and w["state"] not in ("stopping", "stopped", "failed")
     ]
     children = gateway_children(st)
-    rows = [w for w in rows if w["pid"] in children]  # never signal a pid that is not this gateway's worker
+    # never signal a pid that is not this gateway's worker; nor one the hang fault stopped (its
+    # hang is the gateway's to find: killing it would hide that)
+    rows = [w for w in rows if w["pid"] in children and w["pid"] not in st.stopped]
     if not rows:
         return
     w = st.rng.choice(rows)
@@ -533,6 +540,21 @@ async def kill_a_worker(st: State, http: httpx.AsyncClient) -> None:
         os.kill(w["pid"], signal.SIGKILL)
         st.kills += 1
         st.kills_by_model[w["model"]] += 1
+
+
+async def hang_a_worker(st: State, http: httpx.AsyncClient) -> None:
+    """SIGSTOP a worker that has requests in flight: a hang, which only the gateway's watch ends."""
+    children = gateway_children(st)
+    rows = [w for w in await workers_table(http) if w.get("pid") in children and w["state"] == "busy"
+            and w["pid"] not in st.stopped]  # fmt: skip
+    if not rows:
+        return
+    w = st.rng.choice(rows)
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(w["pid"], signal.SIGSTOP)
+        st.stopped.add(w["pid"])
+        st.hangs += 1
+        st.hangs_by_model[w["model"]] += 1
 
 
 async def burst(st: State, http: httpx.AsyncClient, sdk: openai.AsyncOpenAI) -> None:
@@ -711,7 +733,24 @@ def check_ledger(
 
 # What this workload's faults may cost a request that was well formed: its worker killed or
 # stopped, or the server going. Anything else (a full disk, say) must cost no request.
-EXPECTED_ERRORS = ("died (", "was stopped", "shutting down")
+EXPECTED_ERRORS = ("died (", "was stopped", "shutting down", "made no progress")
+
+
+def hangs_lost(st: State, log_text: str) -> set[int]:
+    """The workers the hang fault stopped that the gateway neither found hung (its requests waited
+    on it) nor stopped as an idle one (evicted, unloaded or shut down: its requests had ended
+    between the look at /v1/workers and the SIGSTOP, or their clients left)."""
+    hung, stopped_idle = set(), set()
+    for line in log_text.splitlines():
+        if not line.startswith("{"):
+            continue
+        with contextlib.suppress(ValueError):
+            d = json.loads(line)
+            if d.get("event") == "worker hung; killing it":
+                hung.add(d.get("pid"))
+            elif d.get("event") == "worker state" and d.get("new") == "stopping":
+                stopped_idle.add(d.get("pid"))
+    return st.stopped - hung - stopped_idle
 
 
 def unexplained_errors(st: State) -> list[Rec]:
@@ -744,8 +783,14 @@ def check_metrics(st: State, m: dict[tuple[str, tuple[tuple[str, str], ...]], fl
         if predicted < client_c:
             bad.append(f"{model}: tokens_predicted {predicted:.0f} < {client_c} the clients were answered")
         crashes = metric(m, "geniex:worker_crashes_total", model=model)
-        if crashes > st.kills_by_model[model]:
-            bad.append(f"{model}: {crashes:.0f} worker crashes counted, {st.kills_by_model[model]} kills sent")
+        if crashes > st.kills_by_model[model] + st.hangs_by_model[model]:
+            bad.append(f"{model}: {crashes:.0f} worker crashes counted, {st.kills_by_model[model]} kills and "
+                       f"{st.hangs_by_model[model]} hangs sent")  # fmt: skip
+        # Each stopped worker was busy when stopped: its requests waited on it, so it was found hung
+        # (one that had just finished would wait for the next request, as the quiesce sends).
+        hangs = metric(m, "geniex:worker_hangs_total", model=model)
+        if hangs > st.hangs_by_model[model]:
+            bad.append(f"{model}: {hangs:.0f} hangs counted, {st.hangs_by_model[model]} workers stopped")
     return bad
 
 
@@ -797,7 +842,7 @@ def start_server(args: argparse.Namespace, data: Path, work: Path) -> tuple[subp
     cmd = [sys.executable, "-m", "gateway.cli", "serve", "--host", f"127.0.0.1:{port}", "--data-dir", str(data),
            "--nctx", str(args.nctx), "--parallel", str(args.parallel), "--max-queue", str(args.max_queue),
            "--max-loaded", "2", "--crash-limit", "0", "--drain-timeout-s", str(args.drain_timeout),
-           "--keep-alive-s", "300"]  # fmt: skip
+           "--keep-alive-s", "300", "--hang-silence-s", str(args.hang_silence)]  # fmt: skip
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=REPO,
                                 env={**os.environ, "PYTHONUNBUFFERED": "1"})  # fmt: skip
@@ -832,6 +877,7 @@ async def load_phase(st: State, seconds: float, faults: bool) -> None:
     if faults:
         tasks += [
             asyncio.create_task(every(st, a.kill_every, lambda: kill_a_worker(st, http))),
+            asyncio.create_task(every(st, a.hang_every, lambda: hang_a_worker(st, http))),
             asyncio.create_task(every(st, a.burst_every, lambda: burst(st, http, sdk))),
         ]
         if not st.disk_skipped:
@@ -951,6 +997,8 @@ async def _run(st: State, args: argparse.Namespace, report: dict[str, Any]) -> d
         "drain_clean_exit": (rc == 0, f"exit status after SIGTERM: {rc}"),
         "no_worker_left": (not left, f"workers alive after the gateway stopped: {left}"),
         "ledger_exact": (not books["problems"], "; ".join(books["problems"][:10])),
+        "every_hang_found": (not (lost := hangs_lost(st, log_text)),
+                             f"stopped workers neither found hung nor stopped idle: {sorted(lost)}"),
         "metrics_agree": (not metric_problems, "; ".join(metric_problems[:10])),
         "rss_growth_under_10pct": (rss_growth < 0.10, f"{base_rss >> 20} MiB -> {rss_ref >> 20} MiB "
                                    f"({rss_growth:+.1%}) over {n_after} requests"),
@@ -963,7 +1011,7 @@ async def _run(st: State, args: argparse.Namespace, report: dict[str, Any]) -> d
         inv["disk_full_counted"] = (gw_alive and ledger_failures == deferred_at_scrape,
                                     f"{ledger_failures:.0f} failed ledger writes in the metric, "
                                     f"{deferred_at_scrape} logged")  # fmt: skip
-    faults = {"worker_kills": st.kills, "bursts": st.bursts, "busy_503": outcomes["busy"],
+    faults = {"worker_kills": st.kills, "worker_hangs": st.hangs, "bursts": st.bursts, "busy_503": outcomes["busy"],
               "disconnects": outcomes["cut"],
               "malformed": sum(1 for r in st.recs if r.kind == "malformed"),
               "disk_full_episodes": st.disk_episodes, "disk_full": st.disk_skipped or "on", "sigterm": 1}  # fmt: skip
@@ -985,6 +1033,7 @@ async def _run(st: State, args: argparse.Namespace, report: dict[str, Any]) -> d
         faults=faults,
         worker_starts=restarts,
         worker_crashes=metric(m, "geniex:worker_crashes_total"),
+        worker_hangs_found=metric(m, "geniex:worker_hangs_total"),
         worker_evictions=metric(m, "geniex:worker_evictions_total"),
         latency=lat,
         gateway_rss_mib={
@@ -1053,6 +1102,8 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     a("--duration", type=float, default=60.0, help="seconds of load in all (warm-up, main phase, drain)")
     a("--clients", type=int, default=16)
     a("--kill-every", type=float, default=8.0, help="mean seconds between SIGKILLs of a random worker (0: none)")
+    a("--hang-every", type=float, default=20.0, help="mean seconds between SIGSTOPs of a busy worker (0: none)")
+    a("--hang-silence-s", dest="hang_silence", type=float, default=5.0, help="the server's --hang-silence-s")
     a("--burst-every", type=float, default=15.0, help="mean seconds between bursts past --max-queue (0: none)")
     a("--disk-every", type=float, default=20.0, help="mean seconds between disk-full episodes (0: none)")
     a("--disk-hold", type=float, default=3.0, help="seconds the data dir's disk stays full")

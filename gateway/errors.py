@@ -81,6 +81,11 @@ class GatewayTimeout(GenieXError):
     status = 504
 
 
+class DeadlineExceeded(GatewayTimeout):
+    """The request ran past its time limit (`--request-timeout-s`, a key's `timeout=`); it was cancelled,
+    and is billed as a cancelled request is."""
+
+
 class ClientGone(GenieXError):
     """The client disconnected before its answer was ready; nobody reads the status, the log does."""
 

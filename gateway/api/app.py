@@ -43,6 +43,7 @@ from gateway.api import (
     transcriptions,
 )
 from gateway.api.auth import ApiKeyAuth
+from gateway.api.deadline import DeadlineMiddleware
 from gateway.api.error_body import error_body
 from gateway.api.guards import LOOPBACK_NAMES, BrowserGuard
 from gateway.api.lifecycle import DrainMiddleware, Lifecycle
@@ -272,6 +273,7 @@ def create_app(settings: Settings, lifecycle: Lifecycle | None = None, keys: Key
             DefineMiddleware(
                 ApiKeyAuth, keys=keys, limiter=limiter, metrics_open=not settings.metrics_key, web_open=settings.webui
             ),
+            DefineMiddleware(DeadlineMiddleware, default_s=settings.request_timeout_s),  # after the key: its timeout=
             DefineMiddleware(DrainMiddleware, lifecycle=lifecycle, max_requests=settings.max_connections),
         ],
         cors_config=cors,

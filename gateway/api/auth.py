@@ -15,6 +15,7 @@ import structlog
 from litestar import Request
 from litestar.types import ASGIApp, HTTPScope, Receive, Scope, Send
 
+from gateway.api.deadline import KEY_TIMEOUT
 from gateway.api.error_body import send_error
 from gateway.errors import Forbidden
 from gateway.ops.keys import KeyRing
@@ -90,6 +91,8 @@ class ApiKeyAuth:
         state = http.setdefault("state", {})
         state[CALLER] = key.label
         state[MANAGE] = key.manage
+        if key.limits.timeout:
+            state[KEY_TIMEOUT] = key.limits.timeout  # its own request deadline (gateway/api/deadline.py)
         structlog.contextvars.bind_contextvars(api_key=key.label)
         if not key.limits.any:
             await self.app(scope, receive, send)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from typing import Any
 
 import msgspec
 from litestar import Response, get
@@ -58,6 +59,11 @@ class WorkerInfo(msgspec.Struct):
     cache_type_v: str | None = None
     kv_bytes_per_token: int | None = None
     upstream: UpstreamInfo | None = None  # only for a model served elsewhere (engine "upstream")
+    # Progress (gateway/supervisor/liveness.py): since it last sent anything (a heartbeat a second),
+    # how long its engine's current step has run, and why it was found hung (while it is killed).
+    heard_s_ago: float | None = None
+    step_s: float = 0.0
+    hung: str | None = None
 
 
 class WorkerTable(msgspec.Struct):
@@ -71,11 +77,14 @@ async def health() -> dict[str, str]:
 
 
 @get("/ready")
-async def ready(lifecycle: NamedDependency[Lifecycle]) -> Response[dict[str, str]]:
+async def ready(lifecycle: NamedDependency[Lifecycle], services: NamedDependency[Services]) -> Response[dict[str, Any]]:
+    """200 while the server takes requests; `recovering` names the models whose last worker crashed
+    or hung (why, until a new one is ready): the server is ready, those models are restarting."""
     if lifecycle.draining:
         return Response({"error": "draining: shutting down"}, status_code=503, headers={"Retry-After": "5"})
     if lifecycle.ready:
-        return Response({"status": "ready"})
+        recovering = dict(services.pool.crashed)
+        return Response({"status": "ready", **({"recovering": recovering} if recovering else {})})
     return Response({"error": "starting: preloading models"}, status_code=503, headers={"Retry-After": "1"})
 
 
@@ -126,6 +135,9 @@ async def workers(services: NamedDependency[Services]) -> WorkerTable:
                 cache_type_v=(h.ready_info.cache_type_v or None) if h.ready_info else None,
                 kv_bytes_per_token=(h.ready_info.kv_bytes_per_token or None) if h.ready_info else None,
                 upstream=_upstream(h.upstream_health),
+                heard_s_ago=round(now - h.last_heard, 3) if h.ready_info else None,
+                step_s=round(h.beat.step_s + (now - h.beat_at) if h.beat.step_s else 0.0, 3),
+                hung=h.hung,
             )
         )
     return WorkerTable(object="list", data=rows)

@@ -407,7 +407,18 @@ HAND_WRITTEN: dict[str, dict[str, Any]] = {
             }
         },
     },
-    "Status": {"type": "object", "properties": {"status": {"type": "string"}}, "required": ["status"]},
+    "Status": {
+        "type": "object",
+        "properties": {
+            "status": {"type": "string"},
+            "recovering": {
+                "type": "object",
+                "additionalProperties": {"type": "string"},
+                "description": "/ready: models whose last worker crashed or hung, and why, until a new one is ready",
+            },
+        },
+        "required": ["status"],
+    },
 }
 
 

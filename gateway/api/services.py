@@ -30,6 +30,7 @@ from gateway.ops.limits import KeyLimiter
 from gateway.ops.metrics import Metrics
 from gateway.ops.settings import Settings
 from gateway.supervisor.compute import why_not_exactly
+from gateway.supervisor.deadline import within
 from gateway.supervisor.handle import WorkerHandle
 from gateway.supervisor.memory import trained_context, worker_engine
 from gateway.supervisor.pool import WorkerPool
@@ -126,7 +127,7 @@ class Services:
         strict = bool(requested) and not (self.settings.compute_fallback if fallback is None else fallback)
         if strict and requested and (why := why_not_exactly(requested, worker_engine(entry), entry.path, key.nctx)):
             raise BadRequest(why)
-        worker = await self.pool.get(key, entry, claim=claim)
+        worker = await within(self.pool.get(key, entry, claim=claim))  # no longer than the request's deadline
         if strict and worker.ready_info is not None and worker.ready_info.fallback:
             if claim:
                 self.pool.claims.release(key)

@@ -55,7 +55,7 @@ async def billed(source: Stream[T], settle: Callable[[str], None],
             else:
                 yield chunk
     except GenieXError as exc:
-        once("error")
+        once(outcome_of(exc))  # "error", or "cancelled" for a request past its deadline
         log.warning("stream failed", error=exc.message, status=exc.status)
         for chunk in fail(exc):
             yield chunk

@@ -12,7 +12,7 @@ from typing import TypeVar
 
 import structlog
 
-from gateway.errors import ClientGone
+from gateway.errors import ClientGone, DeadlineExceeded
 from gateway.ops.metrics import RequestTimer
 
 log = structlog.get_logger("gateway.accounting")
@@ -23,7 +23,9 @@ Record = Callable[[int, int], None]  # (prompt_tokens, completion_tokens) -> the
 
 def outcome_of(exc: BaseException) -> str:
     """How a request that raised is counted: the client left, or it failed."""
-    return "cancelled" if isinstance(exc, (asyncio.CancelledError, GeneratorExit, ClientGone)) else "error"
+    # A request past its deadline is cancelled by the server, not failed by it.
+    cancelled = (asyncio.CancelledError, GeneratorExit, ClientGone, DeadlineExceeded)
+    return "cancelled" if isinstance(exc, cancelled) else "error"
 
 
 def nothing_yet() -> tuple[int, int]:

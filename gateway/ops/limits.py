@@ -1,4 +1,5 @@
-"""Per-key limits: requests per minute, tokens per minute and concurrent requests.
+"""Per-key limits: requests per minute, tokens per minute and concurrent requests (and a key's own
+request deadline, `timeout`, which gateway/api/deadline.py applies).
 
 Each limit is a one-minute sliding window (or a live count, for concurrency) kept per key label,
 in memory: a restart forgives everyone, which suits a local server. Tokens are counted when a
@@ -16,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 WINDOW_S = 60.0
-NAMES = ("rpm", "tpm", "concurrent")
+NAMES = ("rpm", "tpm", "concurrent", "timeout")
 
 
 @dataclass(frozen=True)
@@ -24,9 +25,11 @@ class Limits:
     rpm: int | None = None
     tpm: int | None = None
     concurrent: int | None = None
+    timeout: int | None = None  # seconds a request of the key may take (gateway/api/deadline.py), not a rate
 
     @property
     def any(self) -> bool:
+        """Whether any rate or concurrency limit is set (what the limiter counts)."""
         return self.rpm is not None or self.tpm is not None or self.concurrent is not None
 
     @classmethod

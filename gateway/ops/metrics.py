@@ -86,7 +86,7 @@ class _ModelSeries:
         self.cached = m.cache_reused_tokens.labels(model)
         # Zero-valued series from the first request on, so `rate()` and alerts see a model's
         # lifecycle counters before the first crash rather than a missing series.
-        for c in (m.worker_starts, m.worker_crashes, m.worker_evictions, m.worker_unloads):
+        for c in (m.worker_starts, m.worker_crashes, m.worker_hangs, m.worker_evictions, m.worker_unloads):
             c.labels(model)
 
 
@@ -114,6 +114,8 @@ class Metrics:
         self.worker_crashes = Counter(
             "geniex:worker_crashes", "Worker processes that died unasked.", ["model"], registry=r
         )
+        self.worker_hangs = Counter("geniex:worker_hangs", "Workers killed for making no progress (hung); each is a "
+                                    "crash too.", ["model"], registry=r)  # fmt: skip
         self.worker_evictions = Counter("geniex:worker_evictions", "Workers stopped to free memory or slots.",
                                         ["model"], registry=r)  # fmt: skip
         self.worker_unloads = Counter("geniex:worker_unloads", "Workers stopped by POST /v1/models/unload.",
@@ -156,6 +158,9 @@ class Metrics:
 
     def worker_crashed(self, model: str) -> None:
         self.worker_crashes.labels(model).inc()
+
+    def worker_hung(self, model: str) -> None:
+        self.worker_hangs.labels(model).inc()
 
     def worker_evicted(self, model: str) -> None:
         self.worker_evictions.labels(model).inc()

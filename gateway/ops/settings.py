@@ -124,6 +124,18 @@ class Settings(msgspec.Struct, kw_only=True):
         "(0: never)", at_least=0)] = 3  # fmt: skip
     crash_window_s: Annotated[float, Flag("seconds, see `--crash-limit`", old="--crash-window", at_least=0)] = 60.0
     crash_backoff_s: Annotated[float, Flag("seconds, see `--crash-limit`", old="--crash-backoff", at_least=0)] = 30.0
+    hang_silence_s: Annotated[float, Flag(
+        "seconds a worker with requests in flight may send nothing, not even its once-a-second heartbeat (a stopped "
+        "or deadlocked process), before it is hung: its requests fail naming it, it is killed and restarted by the "
+        "next request (a crash, as `--crash-limit` counts). 0: never", at_least=0)] = 15.0  # fmt: skip
+    hang_step_s: Annotated[float, Flag(
+        "seconds one engine step may run (a decode batch, a prompt chunk of 512 tokens) before its worker is hung; "
+        "0: each engine's own bound (protocol/engines.py: 300 for llama.cpp)", at_least=0)] = 0.0  # fmt: skip
+    request_timeout_s: Annotated[float, Flag(
+        "seconds a request may take in all, its wait for a worker included (0: no limit; a key-file `timeout=N` "
+        "sets one per key). Past it the request is cancelled on its worker: a 504 before the first byte, an error "
+        "event (then `[DONE]`) in a stream; billed as cancelled. Pulls and /v1/events are not limited",
+        at_least=0)] = 0.0  # fmt: skip
     stream_interval_ms: Annotated[int, Flag(
         "ms: tokens generated closer together than this go out in one chunk (the first token always at once; 0: a "
         "chunk per token). With N sequences decoding at once a stream's interval is N × this, so the chunks a "

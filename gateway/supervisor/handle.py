@@ -37,6 +37,7 @@ from gateway.errors import (
 )
 from gateway.supervisor import compute
 from gateway.supervisor.claims import Claims
+from gateway.supervisor.deadline import within
 from gateway.supervisor.events import EventHub
 from gateway.supervisor.states import IllegalTransition, State, can_move
 from protocol import engines, worker_args
@@ -45,6 +46,7 @@ from protocol.keys import WorkerKey
 from protocol.wire import (
     PROTOCOL_VERSION,
     Audio,
+    Beat,
     Cancel,
     CountTokens,
     Delta,
@@ -177,6 +179,12 @@ class WorkerHandle:
         self._events = events
         self._hub = hub  # where its state changes are published for /v1/events
         self.stop_reason: str | None = None  # why it was asked to stop (the pool says: unload, idle, evicted, ...)
+        # Progress (gateway/supervisor/liveness.py): when it last sent anything, and its last heartbeat.
+        self.last_heard = time.monotonic()
+        self.beat = Beat(0, 0.0)
+        self.beat_at = self.last_heard
+        self.hung: str | None = None  # why it was found hung, while it is being killed
+        self._killing: asyncio.Task[None] | None = None
         self._codec = gateway_codec()
         self._ids = itertools.count(1)
         self._queues: dict[int, _Pending] = {}
@@ -255,11 +263,13 @@ class WorkerHandle:
     @property
     def idle(self) -> bool:
         """Ready, with nothing running, queued or about to be sent: a worker the pool may stop."""
-        return self.state is State.READY and not self._queues and not self._claims.held(self.key)
+        return self.state is State.READY and not self._queues and not self._claims.held(self.key) and self.hung is None
 
     @property
     def status(self) -> str:
-        """The state as operators read it: a ready worker is busy or idle."""
+        """The state as operators read it: a ready worker is busy or idle (or hung, while it is killed)."""
+        if self.state is State.READY and self.hung is not None:
+            return "hung"
         if self.state is State.READY:
             return "busy" if self._queues else "idle"
         return self.state.value
@@ -377,7 +387,10 @@ class WorkerHandle:
         while True:
             raw = await self._pull.recv(copy=False)
             msg = decode(raw.buffer)
-            if isinstance(msg, Delta):
+            self.last_heard = now = time.monotonic()
+            if isinstance(msg, Beat):
+                self.beat, self.beat_at = msg, now
+            elif isinstance(msg, Delta):
                 p = self._queues.get(msg.req_id)
                 if p is not None:
                     # Counted as they come (n_tokens is the request's running total), so that
@@ -482,11 +495,42 @@ class WorkerHandle:
             self._left()
         return len(pending)
 
+    def kill_hung(self, why: str) -> None:
+        """It made no progress (`why`, gateway/supervisor/liveness.py): its requests fail now, naming
+        it; new ones are refused; the process gets SIGTERM, then SIGKILL a second later (a stopped
+        or stuck process answers neither Shutdown nor SIGTERM). Its exit is a crash, as any other."""
+        if self.hung is not None or self.state is not State.READY:
+            return
+        self.hung = why
+        self.log.error("worker hung; killing it", reason=why, steps=self.beat.steps, step_s=self.beat.step_s,
+                       requests=[(p.log_id, p.n_tokens) for p in self._queues.values()])  # fmt: skip
+        self._dying = f"hung: {why}"
+        message = (f"the worker for {self.key.model} made no progress: {why}; it was stopped, and the next request "
+                   "starts a new one")  # fmt: skip
+        self._refusal = message
+        for p in self._queues.values():
+            p.queue.put_nowait(WorkerDied(message))
+        self.publish("hung", why)
+        self._killing = asyncio.create_task(self._kill(), name=f"kill:{self.key.slug}")
+
+    async def gone(self) -> None:
+        """Wait until the process has exited and the handle is torn down."""
+        if self._watcher is not None:
+            await asyncio.shield(self._watcher)
+
+    async def _kill(self) -> None:
+        proc = self.proc
+        if proc is None or proc.returncode is not None:
+            return
+        proc.send_signal(signal.SIGTERM)
+        if not await _exited(proc, 1.0):
+            proc.kill()
+
     async def warmup(self) -> None:
         req_id, pending = self._admit("")
         try:
             self._send(Warmup(req_id))
-            await _next(pending.queue)
+            await within(_next(pending.queue))
         finally:
             self._queues.pop(req_id, None)
             self._left()
@@ -500,7 +544,7 @@ class WorkerHandle:
         try:
             self._send(msgspec.structs.replace(msg, req_id=req_id))
             try:
-                reply = await asyncio.wait_for(_next(pending.queue), limit)
+                reply = await within(asyncio.wait_for(_next(pending.queue), limit))
             except TimeoutError:
                 kind = type(msg).__struct_config__.tag
                 raise GatewayTimeout(f"the worker for {self.key.model} did not answer this {kind} request within "
@@ -529,7 +573,7 @@ class WorkerHandle:
         try:
             self._send(msgspec.structs.replace(msg, req_id=req_id))
             while True:
-                reply = await _next(pending.queue)
+                reply = await within(_next(pending.queue))
                 if isinstance(reply, Done):
                     finished = True
                     self.requests_served += 1

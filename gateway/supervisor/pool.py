@@ -31,6 +31,7 @@ from gateway.supervisor.compute import devices, resolve_compute
 from gateway.supervisor.events import EventHub
 from gateway.supervisor.eviction import Resident, plan_evictions, plan_with_device
 from gateway.supervisor.handle import Happened, WorkerEvent, WorkerHandle, WorkerSpec
+from gateway.supervisor.liveness import bounds_for, verdict
 from gateway.supervisor.memory import (
     embedding_kv_tokens,
     estimate_worker_bytes,
@@ -47,6 +48,8 @@ from protocol.limits import MAX_DRAFT_MODELS
 from protocol.npu_cache import NPU_DIR
 from protocol.wire import PROMPT_CACHE_DIR, Device
 from protocol.worker_args import WorkerArgs
+
+PROGRESS_CHECK_S = 1.0  # how often workers with requests in flight are judged for progress
 
 log = structlog.get_logger("gateway.supervisor.pool")
 
@@ -113,6 +116,13 @@ class WorkerPool:
         WorkerHandle.claim) unless `claim` is false: a preload sends none."""
         self._refuse_if_aborted()
         handle = self.workers.get(key)
+        if handle is not None and handle.hung is not None:
+            # Being killed (gateway/supervisor/liveness.py): within a second or so it is gone, and this
+            # request starts its successor rather than being refused by it.
+            await handle.gone()
+            if self.workers.get(key) is handle:
+                del self.workers[key]  # the pool's event task counts its crash when it gets there
+            handle = None
         if handle is not None and handle.state is State.READY:
             self.claims.hold(key, int(claim))
             return handle
@@ -414,9 +424,26 @@ class WorkerPool:
     # ---- idle timeout ----------------------------------------------------------
 
     def start(self) -> None:
-        """The pool's own tasks: applying worker events, and stopping idle workers."""
+        """The pool's own tasks: applying worker events, stopping idle workers, killing hung ones."""
         self._tasks = [asyncio.create_task(self._apply_events(), name="pool-events"),
-                       asyncio.create_task(self._reap_idle(), name="reaper")]  # fmt: skip
+                       asyncio.create_task(self._reap_idle(), name="reaper"),
+                       asyncio.create_task(self._watch_progress(), name="liveness")]  # fmt: skip
+
+    async def _watch_progress(self) -> None:
+        """Once a second, every worker with requests in flight is judged (gateway/supervisor/liveness.py);
+        a hung one is killed, its requests fail naming it, and the next request starts a new one."""
+        s = self.settings
+        while True:
+            await asyncio.sleep(PROGRESS_CHECK_S)
+            now = time.monotonic()
+            for h in list(self.workers.values()):
+                if h.state is not State.READY or not h.inflight or h.hung is not None:
+                    continue
+                why = verdict(now, h.last_heard, h.beat.step_s, h.beat_at,
+                              bounds_for(h.spec.engine, s.hang_silence_s, s.hang_step_s))  # fmt: skip
+                if why is not None:
+                    self.metrics.worker_hung(h.key.model)
+                    h.kill_hung(why)
 
     def residents_of(self, model: str) -> list[WorkerHandle]:
         return [h for k, h in self.workers.items() if k.model == model and h.alive]

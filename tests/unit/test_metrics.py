@@ -29,7 +29,8 @@ NAMES = [
     "vllm:num_requests_running", "vllm:num_requests_waiting",
     "vllm:time_to_first_token_seconds_bucket", "vllm:time_per_output_token_seconds_bucket",
     "vllm:e2e_request_latency_seconds_bucket",
-    "geniex:worker_starts_total", "geniex:worker_crashes_total", "geniex:worker_evictions_total",
+    "geniex:worker_starts_total", "geniex:worker_crashes_total", "geniex:worker_hangs_total",
+    "geniex:worker_evictions_total",
     "geniex:worker_resident_memory_bytes", "geniex:requests_total",
     "geniex:prompt_cache_bytes", "geniex:prompt_cache_evictions_total",
 ]  # fmt: skip

@@ -8,6 +8,9 @@ Its "model file" is JSON that says how to behave:
      "load_s": 0,           loading takes this long
      "hang_on_load": false, loading never ends
      "embed_unanswered": false, an Embed is taken and never answered (a hung one-shot call)
+     "hang_after": 5,       a decode step never returns once this many tokens were generated in all
+                            (a call stuck in a driver: the process runs, its heartbeat goes on)
+     "slow_step_s": 0,      a step after the first token takes this long (a long, legitimate step)
      "gpu_offload": false}  what its Ready says of its build's GPU offload (what the gateway learns)
 
 Every field is optional. A prompt of "refuse" is refused (EngineError); "raise" meets a bug (RuntimeError). It answers Generate like the llama.cpp engine does (Started, Deltas of
@@ -36,6 +39,8 @@ class Behaviour(msgspec.Struct, forbid_unknown_fields=True):
     hang_on_load: bool = False
     embed_unanswered: bool = False
     gpu_offload: bool = False
+    hang_after: int | None = None
+    slow_step_s: float = 0.0
 
 
 @dataclass
@@ -108,6 +113,11 @@ class FakeEngine:
             self.running.append(_Running(req, limit))
             emit(Started(req.req_id, prompt_tokens=1))
         time.sleep(self.behaviour.delay_ms / 1000)
+        if self.behaviour.hang_after is not None and self.generated >= self.behaviour.hang_after:
+            while True:
+                time.sleep(3600)
+        if self.behaviour.slow_step_s and self.generated:
+            time.sleep(self.behaviour.slow_step_s)
         for r in list(self.running):
             r.n += 1
             self.generated += 1
