@@ -224,6 +224,7 @@ class State:
 
 
 CHAOS_KILL = "(killed by SIGKILL)"  # how the gateway reports a worker the chaos killed
+CHAOS_HANG = "made no progress"  # and one the chaos stopped (found hung)
 
 
 def classify_error(rec: Rec, status: int, headers: httpx.Headers, body: bytes) -> None:
@@ -240,9 +241,9 @@ def classify_error(rec: Rec, status: int, headers: httpx.Headers, body: bytes) -
         rec.outcome, rec.why = "busy", doc["error"][:120]
     elif status == 503:
         rec.outcome, rec.why = "violation", f"503 without Retry-After: {doc['error'][:120]}"
-    elif rec.kind == "malformed" and status >= 500 and CHAOS_KILL not in doc["error"]:
+    elif rec.kind == "malformed" and status >= 500 and not any(c in doc["error"] for c in (CHAOS_KILL, CHAOS_HANG)):
         # Some bad input is found out by the worker (a token id past the vocabulary); the chaos
-        # killing that worker first is the one 5xx such a request may get.
+        # killing or stopping that worker first is the one 5xx such a request may get.
         rec.outcome, rec.why = "violation", f"bad input answered {status}: {doc['error'][:120]}"
     else:
         rec.outcome, rec.why = "error", f"{status}: {doc['error'][:120]}"

@@ -13,7 +13,7 @@ imports neither the pool nor its handles, so the pool is seen only through small
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any, Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, ProcessCollector
@@ -234,6 +234,29 @@ class _ScrapeCollector(Collector):
         raise NotImplementedError
 
 
+def _disk(i: int) -> Callable[[Any], int]:
+    """The handle's disk-tier figure `i` (bytes, hits, evictions, write errors); 0 for one without a tier."""
+    return lambda h: getattr(h, "disk", (0, 0, 0, 0))[i]
+
+
+# Each worker's prompt cache, in RAM and in its disk tier, as its last Started said: one series per
+# (model, worker), read from the handle.
+_CACHE_SERIES: tuple[tuple[type[GaugeMetricFamily] | type[CounterMetricFamily], str, str, Callable[[Any], int]], ...] = (
+    (GaugeMetricFamily, "geniex:prompt_cache_bytes", "Host RAM each worker holds in saved prompt states.",
+     lambda h: h.cache_bytes),
+    (CounterMetricFamily, "geniex:prompt_cache_evictions", "Saved prompt states each worker dropped for room.",
+     lambda h: h.cache_evictions),
+    (GaugeMetricFamily, "geniex:prompt_cache_disk_bytes",
+     "Bytes of saved prompt states on disk, as each worker last saw its folder.", _disk(0)),
+    (CounterMetricFamily, "geniex:prompt_cache_disk_hits",
+     "Prompt states each worker restored from disk instead of prefilling.", _disk(1)),
+    (CounterMetricFamily, "geniex:prompt_cache_disk_evictions", "Prompt states each worker deleted from disk for room.",
+     _disk(2)),
+    (CounterMetricFamily, "geniex:prompt_cache_disk_write_errors",
+     "Prompt states each worker could not write to disk (a full disk, a read-only data dir).", _disk(3)),
+)  # fmt: skip
+
+
 class _PoolCollector(_ScrapeCollector):
     """Scrape-time gauges from the live pool: request slots in use, queue depth, worker memory."""
 
@@ -241,9 +264,7 @@ class _PoolCollector(_ScrapeCollector):
         pool = self._m.pool
         workers = list(pool.workers.values()) if pool is not None else []
         fams = self._families()
-        processing, deferred, running, waiting, rss, states, cache_bytes, cache_evictions, info, upstream_up, *disk = (
-            fams
-        )
+        processing, deferred, running, waiting, rss, states, info, upstream_up, *cache = fams
         per_model: dict[str, list[int]] = {}
         per_state: dict[tuple[str, str], int] = {}  # several workers of one model may share a state
         for h in workers:
@@ -258,10 +279,8 @@ class _PoolCollector(_ScrapeCollector):
             mem = h.rss()
             if mem is not None:
                 rss.add_metric([model, h.key.slug, str(h.pid)], mem)
-            cache_bytes.add_metric([model, h.key.slug], h.cache_bytes)
-            cache_evictions.add_metric([model, h.key.slug], h.cache_evictions)
-            for family, value in zip(disk, getattr(h, "disk", ()), strict=False):
-                family.add_metric([model, h.key.slug], value)
+            for family, (_kind, _name, _help, value_of) in zip(cache, _CACHE_SERIES, strict=True):
+                family.add_metric([model, h.key.slug], value_of(h))
             engine = getattr(h, "engine", "")
             info.add_metric([model, h.key.slug, engine], 1)
             probe = getattr(h, "upstream_health", None)
@@ -290,16 +309,6 @@ class _PoolCollector(_ScrapeCollector):
             ),
             GaugeMetricFamily("geniex:workers", "Worker processes by state.", labels=["model", "state"]),
             GaugeMetricFamily(
-                "geniex:prompt_cache_bytes",
-                "Host RAM each worker holds in saved prompt states.",
-                labels=["model", "worker"],
-            ),
-            CounterMetricFamily(
-                "geniex:prompt_cache_evictions",
-                "Saved prompt states each worker dropped for room.",
-                labels=["model", "worker"],
-            ),
-            GaugeMetricFamily(
                 "geniex:worker_info",
                 "1 per live worker, with the engine that serves its model.",
                 labels=["model", "worker", "engine"],
@@ -309,26 +318,7 @@ class _PoolCollector(_ScrapeCollector):
                 "1 when the server an upstream model lives on answered its last health probe, else 0.",
                 labels=["model", "worker", "engine"],
             ),
-            GaugeMetricFamily(
-                "geniex:prompt_cache_disk_bytes",
-                "Bytes of saved prompt states on disk, as each worker last saw its folder.",
-                labels=["model", "worker"],
-            ),
-            CounterMetricFamily(
-                "geniex:prompt_cache_disk_hits",
-                "Prompt states each worker restored from disk instead of prefilling.",
-                labels=["model", "worker"],
-            ),
-            CounterMetricFamily(
-                "geniex:prompt_cache_disk_evictions",
-                "Prompt states each worker deleted from disk for room.",
-                labels=["model", "worker"],
-            ),
-            CounterMetricFamily(
-                "geniex:prompt_cache_disk_write_errors",
-                "Prompt states each worker could not write to disk (a full disk, a read-only data dir).",
-                labels=["model", "worker"],
-            ),
+            *(kind(name, text, labels=["model", "worker"]) for kind, name, text, _ in _CACHE_SERIES),
         ]
 
 

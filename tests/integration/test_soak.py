@@ -15,7 +15,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 def test_one_minute_of_chaos_keeps_every_invariant(tmp_path: Path) -> None:
     cmd = [sys.executable, str(REPO / "bench" / "soak.py"), "--duration", "50", "--kill-every", "4",
-           "--burst-every", "10", "--disk-every", "10", "--disk-hold", "2", "--disconnect-rate", "0.2",
+           "--hang-every", "10", "--burst-every", "10", "--disk-every", "10", "--disk-hold", "2", "--disconnect-rate", "0.2",
            "--malformed-rate", "0.08", "--drain-timeout-s", "5", "--work-dir", str(tmp_path / "soak")]  # fmt: skip
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=REPO)
     lines = out.stdout.strip().splitlines()
@@ -26,7 +26,7 @@ def test_one_minute_of_chaos_keeps_every_invariant(tmp_path: Path) -> None:
     for name, ok in report["invariants"].items():
         assert ok, f"{name}: {report['failures'].get(name)}\n{detail}"
     faults = report["faults"]
-    for fault in ("worker_kills", "bursts", "busy_503", "disconnects", "malformed"):
+    for fault in ("worker_kills", "worker_hangs", "bursts", "busy_503", "disconnects", "malformed"):
         assert faults[fault] >= 1, (fault, faults)
     if os.geteuid() == 0:  # the disk-full fault mounts a tmpfs
         assert faults["disk_full_episodes"] >= 1 and "disk_full_counted" in report["invariants"], faults
