@@ -38,15 +38,10 @@ from gateway.api.models import model_view  # the entry exactly as /v1/models/{id
 from gateway.api.services import Services
 from gateway.errors import GenieXError
 from gateway.models.pull_names import pull_name
-from gateway.models.pulls import Follower
 from protocol.pull import OllamaPullRequest, PullError, PullRequest, PullStatus, status_of
 
 NDJSON = "application/x-ndjson"
 WHAT = "pull models"
-
-
-def _follow(services: Services, name: str) -> Follower:
-    return services.pulls.follow(services.store, name)
 
 
 @post("/v1/models/pull", status_code=200)
@@ -56,7 +51,7 @@ async def pull_model(request: Request, body: RawBody,
     data = read_json(body, PullRequest)
     name = pull_name(data.model)
     if not data.stream:
-        follower = _follow(services, name)
+        follower = services.pulls.follow(services.store, name)
         try:
             entry = await unless_disconnected(request, follower.wait())
         finally:
@@ -67,7 +62,7 @@ async def pull_model(request: Request, body: RawBody,
 
 async def _sse(services: Services, name: str) -> AsyncIterator[ServerSentEventMessage]:
     # Joined here, not in the handler: a stream that never starts never holds a download.
-    follower = _follow(services, name)
+    follower = services.pulls.follow(services.store, name)
     try:
         async for step in follower.progress():
             if step is None:
@@ -91,7 +86,7 @@ async def ollama_pull(request: Request, body: RawBody, services: NamedDependency
     data = read_json(body, OllamaPullRequest)
     name = pull_name(data.which)
     if not data.stream:
-        follower = _follow(services, name)
+        follower = services.pulls.follow(services.store, name)
         try:
             await unless_disconnected(request, follower.wait())
         finally:
@@ -101,7 +96,7 @@ async def ollama_pull(request: Request, body: RawBody, services: NamedDependency
 
 
 async def _ndjson(services: Services, name: str) -> AsyncIterator[bytes]:
-    follower = _follow(services, name)
+    follower = services.pulls.follow(services.store, name)
     last = PullStatus("pulling manifest")
     try:
         async for step in follower.progress():
