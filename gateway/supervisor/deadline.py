@@ -37,12 +37,15 @@ def exceeded() -> DeadlineExceeded:
                             "key's timeout); it was cancelled", code="request_timeout")  # fmt: skip
 
 
-async def within(work: Awaitable[T]) -> T:
-    """Await `work`, no longer than the request's deadline (no task is made: a stream awaits this per message)."""
+def within(work: Awaitable[T]) -> Awaitable[T]:
+    """`work`, to be awaited no longer than the request's deadline. Without one it is `work`
+    itself: a stream awaits this per message, and most requests have no deadline."""
     d = DEADLINE.get()
-    if d is None:
-        return await work
-    scope = asyncio.timeout_at(d[0])  # the loop's clock is time.monotonic()
+    return work if d is None else _bounded(work, d[0])
+
+
+async def _bounded(work: Awaitable[T], until: float) -> T:
+    scope = asyncio.timeout_at(until)  # the loop's clock is time.monotonic()
     try:
         async with scope:
             return await work
