@@ -61,10 +61,10 @@ class OllamaTool(msgspec.Struct, omit_defaults=True):
     type: Literal["function"] = "function"
 
 
-class OllamaChatRequest(msgspec.Struct, kw_only=True):
+class _Generation(msgspec.Struct, kw_only=True):
+    """What `/api/chat` and `/api/generate` both take."""
+
     model: Name
-    messages: Annotated[list[OllamaMessage], Meta(max_length=MAX_MESSAGES)] = []
-    tools: Annotated[list[OllamaTool], Meta(max_length=MAX_TOOLS)] | None = None
     format: Format | None = None
     options: dict[str, Any] | None = None
     stream: bool = True
@@ -72,18 +72,17 @@ class OllamaChatRequest(msgspec.Struct, kw_only=True):
     think: Think | None = None
 
 
-class GenerateRequest(msgspec.Struct, kw_only=True):
-    model: Name
+class OllamaChatRequest(_Generation, kw_only=True):
+    messages: Annotated[list[OllamaMessage], Meta(max_length=MAX_MESSAGES)] = []
+    tools: Annotated[list[OllamaTool], Meta(max_length=MAX_TOOLS)] | None = None
+
+
+class GenerateRequest(_Generation, kw_only=True):
     prompt: str | None = None
     suffix: str | None = None
     system: str | None = None
     raw: bool = False
     images: list[str] | None = None
-    format: Format | None = None
-    options: dict[str, Any] | None = None
-    stream: bool = True
-    keep_alive: KeepAlive | None = None
-    think: Think | None = None
 
 
 class EmbedRequest(msgspec.Struct, kw_only=True):
@@ -124,17 +123,6 @@ class CopyRequest(msgspec.Struct, kw_only=True):
 # ---- answers ---------------------------------------------------------------------
 
 
-class Timings(msgspec.Struct, omit_defaults=True):
-    """The counts and durations (ns) an answer ends with."""
-
-    total_duration: int = 0
-    load_duration: int = 0
-    prompt_eval_count: int = 0
-    prompt_eval_duration: int = 0
-    eval_count: int = 0
-    eval_duration: int = 0
-
-
 class OutMessage(msgspec.Struct, omit_defaults=True):
     role: str
     content: str
@@ -143,12 +131,12 @@ class OutMessage(msgspec.Struct, omit_defaults=True):
     images: None = None
 
 
-class ChatChunk(msgspec.Struct, kw_only=True, omit_defaults=True):
-    """One line of `/api/chat`'s answer; the last has `done: true`, its reason and the timings."""
+class _Line(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """What every line of `/api/chat`'s and `/api/generate`'s answer has; the last has `done: true`,
+    its reason, and the counts and durations (ns) of the answer."""
 
     model: str
     created_at: str
-    message: OutMessage
     done: bool  # always sent, false included: raw clients read it on every line
     done_reason: str | None = None
     total_duration: int | None = None
@@ -159,21 +147,17 @@ class ChatChunk(msgspec.Struct, kw_only=True, omit_defaults=True):
     eval_duration: int | None = None
 
 
-class GenerateChunk(msgspec.Struct, kw_only=True, omit_defaults=True):
+class ChatChunk(_Line, kw_only=True, omit_defaults=True):
+    """One line of `/api/chat`'s answer."""
+
+    message: OutMessage
+
+
+class GenerateChunk(_Line, kw_only=True, omit_defaults=True):
     """One line of `/api/generate`'s answer."""
 
-    model: str
-    created_at: str
     response: str
     thinking: str | None = None
-    done: bool  # always sent, false included
-    done_reason: str | None = None
-    total_duration: int | None = None
-    load_duration: int | None = None
-    prompt_eval_count: int | None = None
-    prompt_eval_duration: int | None = None
-    eval_count: int | None = None
-    eval_duration: int | None = None
 
 
 class Error(msgspec.Struct):

@@ -88,8 +88,8 @@ def generate_line(model: str) -> Make:
 
 
 def _end_fields(clock: Clock, finish_reason: str | None, usage: chat.Usage) -> dict[str, Any]:
-    t = clock.timings(usage.prompt_tokens, usage.completion_tokens)
-    return {"done": True, "done_reason": done_reason(finish_reason), **msgspec.structs.asdict(t)}
+    return {"done": True, "done_reason": done_reason(finish_reason),
+            **clock.timings(usage.prompt_tokens, usage.completion_tokens)}  # fmt: skip
 
 
 class OllamaLines:

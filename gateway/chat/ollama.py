@@ -208,9 +208,10 @@ class Clock:
         if self.first is None:
             self.first = time.perf_counter_ns()
 
-    def timings(self, prompt_tokens: int, completion_tokens: int) -> o.Timings:
+    def timings(self, prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
+        """The fields of Ollama's last line (protocol/ollama.py's _Line) that count and time the answer."""
         end = time.perf_counter_ns()
         first = self.first or end
-        return o.Timings(total_duration=end - self.start, load_duration=self.loaded - self.start,
-                         prompt_eval_count=prompt_tokens, prompt_eval_duration=max(first - self.loaded, 0),
-                         eval_count=completion_tokens, eval_duration=max(end - first, 0))  # fmt: skip
+        return {"total_duration": end - self.start, "load_duration": self.loaded - self.start,
+                "prompt_eval_count": prompt_tokens, "prompt_eval_duration": max(first - self.loaded, 0),
+                "eval_count": completion_tokens, "eval_duration": max(end - first, 0)}  # fmt: skip
