@@ -38,10 +38,20 @@ from gateway.api.models import model_view  # the entry exactly as /v1/models/{id
 from gateway.api.services import Services
 from gateway.errors import GenieXError
 from gateway.models.pull_names import pull_name
+from gateway.models.store import ModelEntry
 from protocol.pull import OllamaPullRequest, PullError, PullRequest, PullStatus, status_of
 
 NDJSON = "application/x-ndjson"
 WHAT = "pull models"
+
+
+async def _pulled(request: Request, services: Services, name: str) -> ModelEntry:
+    """Follow the download of `name` to its end (a client that leaves stops following it)."""
+    follower = services.pulls.follow(services.store, name)
+    try:
+        return await unless_disconnected(request, follower.wait())
+    finally:
+        follower.leave()  # also when the wait was cancelled before it began
 
 
 @post("/v1/models/pull", status_code=200)
@@ -51,11 +61,7 @@ async def pull_model(request: Request, body: RawBody,
     data = read_json(body, PullRequest)
     name = pull_name(data.model)
     if not data.stream:
-        follower = services.pulls.follow(services.store, name)
-        try:
-            entry = await unless_disconnected(request, follower.wait())
-        finally:
-            follower.leave()  # also when the wait was cancelled before it began
+        entry = await _pulled(request, services, name)
         return Response(encode(model_view(entry, services, facts_of(services))), media_type="application/json")
     return ServerSentEvent(_sse(services, name))
 
@@ -86,11 +92,7 @@ async def ollama_pull(request: Request, body: RawBody, services: NamedDependency
     data = read_json(body, OllamaPullRequest)
     name = pull_name(data.which)
     if not data.stream:
-        follower = services.pulls.follow(services.store, name)
-        try:
-            await unless_disconnected(request, follower.wait())
-        finally:
-            follower.leave()
+        await _pulled(request, services, name)
         return Response(encode(PullStatus("success")), media_type="application/json")
     return Stream(_ndjson(services, name), media_type=NDJSON)
 
