@@ -19,7 +19,7 @@ from litestar.params import RawBody
 
 from gateway.api.auth import caller_of, require_manage
 from gateway.api.body import read_json
-from gateway.api.embeddings import ask, vectors
+from gateway.api.embeddings import ask, split_input, vectors
 from gateway.api.ollama_resolve import entry_for, resolve
 from gateway.api.request_id import current_request_id
 from gateway.api.services import Services
@@ -33,7 +33,6 @@ from protocol import ollama as o
 from protocol.gguf_header import ARCHITECTURE, CHAT_TEMPLATE, PARAMETERS
 from protocol.wire import Embed, Embeddings
 
-MAX_EMBED_INPUTS = 2048
 _NEVER = "2318-11-26T00:00:00Z"  # an `expires_at` for a pinned model (keep_alive -1), as Ollama writes one
 
 
@@ -187,10 +186,7 @@ async def _embed(request: Request, services: Services, model: str, texts: list[s
                  options: dict[str, object] | None) -> tuple[Embeddings, int, int]:  # fmt: skip
     """(the worker's reply, ns spent loading, ns in all) for `texts` on `model`."""
     start = time.perf_counter_ns()
-    if not texts or len(texts) > MAX_EMBED_INPUTS:
-        raise BadRequest(f"`input`: from 1 to {MAX_EMBED_INPUTS} texts")
-    if (empty := next((i for i, t in enumerate(texts) if not t), None)) is not None:
-        raise BadRequest(f"`input[{empty}]`: an empty string")
+    split_input(list(texts))  # the checks /v1/embeddings makes: 1 to 2048 texts, none empty
     fields = chat_fields(options)  # only num_ctx and num_gpu mean anything to an embedder
     entry = entry_for(services, model, "embeddings")
     accounting = services.accounting(entry.id, caller_of(request), None)
