@@ -173,6 +173,7 @@ def _serve(args: argparse.Namespace) -> int:
     from gateway.api.app import create_app
     from gateway.api.lifecycle import Lifecycle
     from gateway.api.ollama_root import OllamaRoot
+    from gateway.mcp.config import McpConfigError
     from gateway.models.models_file import ModelsFile, ModelsFileError
     from gateway.models.store import ModelStore
     from gateway.ops.keys import KeyFileError, KeyRing
@@ -208,7 +209,10 @@ def _serve(args: argparse.Namespace) -> int:
     except ModelsFileError as exc:
         raise SystemExit(f"error: --models-file: {exc}") from None
     # Ollama's clients probe the root with HEAD /: answered before Litestar routes (where `/` is the web page).
-    app = OllamaRoot(create_app(settings, lifecycle, keys, models_file))
+    try:
+        app = OllamaRoot(create_app(settings, lifecycle, keys, models_file))
+    except McpConfigError as exc:
+        raise SystemExit(f"error: --mcp-config {settings.mcp_config}: {exc}") from None
     config = uvicorn.Config(
         app,
         host=host,

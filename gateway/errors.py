@@ -39,6 +39,12 @@ class NotFound(GenieXError):
     status = 404
 
 
+class FailedDependency(GenieXError):
+    """A service the request depends on failed: an MCP server that cannot list its tools (424, as OpenAI answers it)."""
+
+    status = 424
+
+
 class Conflict(GenieXError):
     """The request contradicts what is running now (unloading a model that is serving)."""
 

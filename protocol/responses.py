@@ -102,7 +102,14 @@ class ReasoningItem(msgspec.Struct, tag_field="type", tag="reasoning", kw_only=T
     status: ItemStatus | None = None
 
 
-InputItem = MessageItem | FunctionCallItem | FunctionCallOutputItem | ReasoningItem
+class McpApprovalResponseItem(msgspec.Struct, tag_field="type", tag="mcp_approval_response", kw_only=True):
+    """The client's answer to an `mcp_approval_request` of an earlier response."""
+
+    approval_request_id: Annotated[str, Meta(min_length=1, max_length=256)]
+    approve: bool
+    reason: Annotated[str, Meta(max_length=4096)] | None = None
+    id: str | None = None
+
 
 # ---- the request -------------------------------------------------------------
 
@@ -122,13 +129,44 @@ class NamespaceMember(msgspec.Struct, kw_only=True):
     strict: bool | None = None
 
 
-class RequestTool(msgspec.Struct, kw_only=True):
+class McpToolFilter(msgspec.Struct, kw_only=True):
+    """Tools of an MCP server by name; `read_only`: those the server marks `readOnlyHint`."""
+
+    tool_names: Annotated[list[Annotated[str, Meta(max_length=128)]], Meta(max_length=MAX_TOOLS)] | None = None
+    read_only: bool | None = None
+
+
+class McpApprovalFilter(msgspec.Struct, kw_only=True):
+    always: McpToolFilter | None = None
+    never: McpToolFilter | None = None
+
+
+McpApproval = Literal["always", "never"] | McpApprovalFilter
+
+
+class McpFields(msgspec.Struct, kw_only=True):
+    """An `mcp` tool's own fields (gateway/chat/responses_mcp.py reads them): which configured
+    server (`server_label`), which of its tools, which calls wait for the client's approval
+    (OpenAI's default: all), and request headers where the operator lets requests set them. A
+    `server_url`, `connector_id` or `authorization` that is not the operator's is refused."""
+
+    server_label: Annotated[str, Meta(min_length=1, max_length=64)] | None = None
+    server_url: Annotated[str, Meta(max_length=2048)] | None = None
+    server_description: Annotated[str, Meta(max_length=4096)] | None = None
+    connector_id: Annotated[str, Meta(max_length=256)] | None = None
+    authorization: Annotated[str, Meta(max_length=8192)] | None = None
+    allowed_tools: Annotated[list[Annotated[str, Meta(max_length=128)]], Meta(max_length=MAX_TOOLS)] | McpToolFilter | None = None  # fmt: skip
+    require_approval: McpApproval | None = None
+    headers: Annotated[dict[Annotated[str, Meta(max_length=128)], Annotated[str, Meta(max_length=8192)]], Meta(max_length=32)] | None = None  # fmt: skip
+
+
+class RequestTool(McpFields, kw_only=True):
     """A tool as the Responses API spells it: a flat function tool `{type: "function", name,
     description, parameters, strict}`, a `namespace` of function tools `{type: "namespace", name,
     description, tools}`, or one of OpenAI's hosted tools (`web_search`, `file_search`, ...), which
     is not offered to the model (gateway/chat/responses.py). `type` is a plain string so that a
     hosted tool, known or not, reaches that rule rather than a decoding error; a hosted tool's own
-    fields are not read."""
+    fields are not read, but for `mcp`'s (McpFields), which this server runs."""
 
     type: Annotated[str, Meta(max_length=64)]
     name: Annotated[str, Meta(min_length=1, max_length=128)] | None = None
@@ -191,6 +229,7 @@ class ResponsesRequest(msgspec.Struct, kw_only=True):
     tool_choice: ToolChoice | None = None
     parallel_tool_calls: bool = True
     max_output_tokens: PositiveInt | None = None
+    max_tool_calls: PositiveInt | None = None  # calls of MCP tools the server runs for this response
     temperature: Annotated[float, Meta(ge=0, le=2)] | None = None
     top_p: Annotated[float, Meta(ge=0, le=1)] | None = None
     text: TextConfig | None = None
@@ -242,7 +281,71 @@ class Reasoning(msgspec.Struct, tag_field="type", tag="reasoning", kw_only=True)
     status: ItemStatus
 
 
-OutputItem = Reasoning | OutputMessage | FunctionCall
+class McpListedTool(msgspec.Struct, kw_only=True):
+    name: str
+    input_schema: dict[str, Any]
+    description: str | None = None
+    annotations: dict[str, Any] | None = None
+
+
+class McpListTools(msgspec.Struct, tag_field="type", tag="mcp_list_tools", kw_only=True):
+    """The tools of one MCP server offered to the model (after `allowed_tools`)."""
+
+    id: str
+    server_label: str
+    tools: list[McpListedTool]
+    error: str | None = None
+
+
+class McpProtocolError(msgspec.Struct, tag_field="type", tag="mcp_protocol_error"):
+    """The call did not get an answer: a time-out, a server that exited, a malformed message, a result over the bound."""
+
+    code: int
+    message: str
+
+
+class McpToolExecutionError(msgspec.Struct, tag_field="type", tag="mcp_tool_execution_error"):
+    """The tool ran and said it failed (`isError`); `content`: what it said."""
+
+    content: Any
+
+
+class McpHttpError(msgspec.Struct, tag_field="type", tag="http_error"):
+    code: int
+    message: str
+
+
+McpCallError = McpProtocolError | McpToolExecutionError | McpHttpError
+
+
+class McpCall(msgspec.Struct, tag_field="type", tag="mcp_call", kw_only=True):
+    id: str
+    server_label: str
+    name: str
+    arguments: str
+    output: str | None = None
+    error: McpCallError | None = None
+    status: Literal["in_progress", "calling", "completed", "incomplete", "failed"] | None = None
+    approval_request_id: str | None = None
+
+
+class McpApprovalRequest(msgspec.Struct, tag_field="type", tag="mcp_approval_request", kw_only=True):
+    """A call the model made that runs only once the client approves it, in its next request."""
+
+    id: str
+    server_label: str
+    name: str
+    arguments: str
+
+
+OutputItem = Reasoning | OutputMessage | FunctionCall | McpListTools | McpCall | McpApprovalRequest
+
+# Input items: the MCP items of an earlier response come back as the output's classes (a call with
+# its output, an approval request; a tool list, not read: the `mcp` tool in `tools` offers the tools).
+InputItem = (
+    MessageItem | FunctionCallItem | FunctionCallOutputItem | ReasoningItem | McpApprovalResponseItem
+    | McpListTools | McpCall | McpApprovalRequest
+)  # fmt: skip
 
 Status = Literal["in_progress", "completed", "incomplete", "failed"]
 
@@ -287,6 +390,7 @@ class Response(msgspec.Struct, kw_only=True):
     incomplete_details: IncompleteDetails | None = None
     instructions: str | None = None
     max_output_tokens: int | None = None
+    max_tool_calls: int | None = None
     model: str
     output: list[OutputItem]
     parallel_tool_calls: bool = True
@@ -453,6 +557,56 @@ class ArgumentsDone(msgspec.Struct, tag_field="type", tag="response.function_cal
     arguments: str
 
 
+class McpListToolsInProgress(msgspec.Struct, tag_field="type", tag="response.mcp_list_tools.in_progress"):
+    sequence_number: int
+    item_id: str
+    output_index: int
+
+
+class McpListToolsCompleted(msgspec.Struct, tag_field="type", tag="response.mcp_list_tools.completed"):
+    sequence_number: int
+    item_id: str
+    output_index: int
+
+
+class McpListToolsFailed(msgspec.Struct, tag_field="type", tag="response.mcp_list_tools.failed"):
+    sequence_number: int
+    item_id: str
+    output_index: int
+
+
+class McpArgumentsDelta(msgspec.Struct, tag_field="type", tag="response.mcp_call_arguments.delta"):
+    sequence_number: int
+    item_id: str
+    output_index: int
+    delta: str
+
+
+class McpArgumentsDone(msgspec.Struct, tag_field="type", tag="response.mcp_call_arguments.done"):
+    sequence_number: int
+    item_id: str
+    output_index: int
+    arguments: str
+
+
+class McpCallInProgress(msgspec.Struct, tag_field="type", tag="response.mcp_call.in_progress"):
+    sequence_number: int
+    item_id: str
+    output_index: int
+
+
+class McpCallCompleted(msgspec.Struct, tag_field="type", tag="response.mcp_call.completed"):
+    sequence_number: int
+    item_id: str
+    output_index: int
+
+
+class McpCallFailed(msgspec.Struct, tag_field="type", tag="response.mcp_call.failed"):
+    sequence_number: int
+    item_id: str
+    output_index: int
+
+
 class ErrorEvent(msgspec.Struct, tag_field="type", tag="error", kw_only=True):
     sequence_number: int
     message: str
@@ -463,5 +617,6 @@ class ErrorEvent(msgspec.Struct, tag_field="type", tag="error", kw_only=True):
 StreamEvent = (
     Created | InProgress | Completed | Incomplete | Failed | ItemAdded | ItemDone | PartAdded | PartDone | TextDelta
     | TextDone | ReasoningDelta | ReasoningDone | SummaryPartAdded | SummaryDelta | SummaryDone | SummaryPartDone
-    | ArgumentsDelta | ArgumentsDone | ErrorEvent
+    | ArgumentsDelta | ArgumentsDone | McpListToolsInProgress | McpListToolsCompleted | McpListToolsFailed
+    | McpArgumentsDelta | McpArgumentsDone | McpCallInProgress | McpCallCompleted | McpCallFailed | ErrorEvent
 )  # fmt: skip

@@ -31,6 +31,7 @@ from gateway.api import (
     health,
     images,
     logits,
+    mcp,
     messages,
     models,
     ollama,
@@ -52,6 +53,8 @@ from gateway.api.services import Services, provide_services
 from gateway.chat.response_store import ResponseStore
 from gateway.chat.responses_tools import NOT_OFFERED_HEADER
 from gateway.errors import GenieXError
+from gateway.mcp import config as mcp_config
+from gateway.mcp.hub import Hub
 from gateway.models.models_file import ModelsFile
 from gateway.models.store import ModelStore
 from gateway.ops.keys import KeyFileError, KeyRing
@@ -172,6 +175,7 @@ def create_app(settings: Settings, lifecycle: Lifecycle | None = None, keys: Key
     the `--models-file`, already read (read as the app starts when not given)."""
     lifecycle = lifecycle or Lifecycle()
     keys = keys or KeyRing(settings.api_keys, settings.api_key_file)
+    mcp_servers = mcp_config.load(settings.mcp_config)  # McpConfigError: the CLI names the file and stops
     limiter = KeyLimiter()
 
     @asynccontextmanager
@@ -187,7 +191,11 @@ def create_app(settings: Settings, lifecycle: Lifecycle | None = None, keys: Key
         store.models_file = pool.models_file = models
         models.loaded = lambda model: bool(pool.residents_of(model))
         ledger = Ledger(settings.data_dir)
-        services = Services(settings, store, pool, ledger, metrics, lifecycle, limiter, ResponseStore(), models)
+        hub = Hub(mcp_servers, call_timeout_s=settings.mcp_call_timeout_s, max_result_bytes=settings.mcp_max_result_kb << 10,
+                  concurrency=settings.mcp_concurrency, on_call=metrics.mcp_call)  # fmt: skip
+        services = Services(
+            settings, store, pool, ledger, metrics, lifecycle, limiter, ResponseStore(), models, mcp=hub
+        )
         app.state.services = services
         metrics.watch(pool, limiter, ledger)
         pool.start()
@@ -223,6 +231,7 @@ def create_app(settings: Settings, lifecycle: Lifecycle | None = None, keys: Key
         finally:
             preloading.cancel()
             services.pulls.cancel_all()
+            await hub.close()  # stdio servers stop with the gateway
             watching.cancel()
             lifecycle.ready = False
             systemd.stopping()
@@ -245,6 +254,7 @@ def create_app(settings: Settings, lifecycle: Lifecycle | None = None, keys: Key
             *chat.handlers,
             *messages.handlers,
             *responses.handlers,
+            *mcp.handlers,
             *completions.handlers,
             *logits.handlers,
             *embeddings.handlers,

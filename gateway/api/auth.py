@@ -31,6 +31,7 @@ WEB_PATHS = frozenset({"/", "/ops", "/try", "/docs", "/openapi.json"})
 WEB_PREFIX = "/static/"
 CALLER = "caller"  # where the caller's label lives in the request's state
 MANAGE = "manage"  # and whether its key may manage models (set only when the server has keys)
+MCP_SERVERS = "mcp_servers"  # and the MCP servers its key may use (None: all)
 
 
 def presented_key(headers: dict[bytes, bytes]) -> str:
@@ -63,6 +64,15 @@ def require_manage(request: Request, what: str) -> None:
         )
 
 
+def mcp_servers_of(request: Request) -> frozenset[str] | None:
+    """The MCP servers the caller's key may use; None (all) on a server without keys."""
+    state = request.scope.get("state", {})
+    if CALLER not in state:
+        return None
+    servers: frozenset[str] | None = state.get(MCP_SERVERS, frozenset())
+    return servers
+
+
 def tenant_of(request: Request) -> str:
     """The prompt-cache tenant: the caller's key when the server has keys, else one tenant for all."""
     return str(request.scope.get("state", {}).get(CALLER) or "")
@@ -91,6 +101,7 @@ class ApiKeyAuth:
         state = http.setdefault("state", {})
         state[CALLER] = key.label
         state[MANAGE] = key.manage
+        state[MCP_SERVERS] = key.mcp
         if key.limits.timeout:
             state[KEY_TIMEOUT] = key.limits.timeout  # its own request deadline (gateway/api/deadline.py)
         structlog.contextvars.bind_contextvars(api_key=key.label)

@@ -18,6 +18,7 @@ from gateway.api.lifecycle import Lifecycle
 from gateway.api.model_facts import ModelFacts
 from gateway.chat.response_store import ResponseStore
 from gateway.errors import BadRequest, Unsupported
+from gateway.mcp.hub import Hub
 from gateway.media.images import chat_images
 from gateway.media.inputs import MediaLimits
 from gateway.models.capabilities import capabilities_of, serving
@@ -52,6 +53,7 @@ class Services:
     # `--models-file`: aliases (the store resolves them), per-model defaults, hidden and disabled models
     models_file: ModelsFile = field(default_factory=ModelsFile)
     pulls: Pulls = field(default_factory=Pulls)  # downloads running in the server (POST /v1/models/pull, /api/pull)
+    mcp: Hub = field(default_factory=lambda: Hub({}))  # `--mcp-config`'s servers, for the Responses `mcp` tool
 
     @property
     def facts(self) -> ModelFacts:

@@ -13,8 +13,11 @@ from typing import Any
 import msgspec
 
 from gateway.chat.constraints import bounded_schema
+from gateway.chat.responses_mcp import McpUse
 from gateway.chat.responses_tools import Toolset, seen_name, tool_choice, toolset
 from gateway.errors import BadRequest
+from gateway.mcp.hub import McpTool
+from gateway.mcp.results import for_model
 from protocol import chat
 from protocol import responses as r
 from protocol.overflow import Truncation
@@ -45,7 +48,10 @@ def input_items(raw: str | list[dict[str, Any]]) -> list[r.InputItem]:
             message, _, at = str(exc).partition(" - at `$")
             path = at.rstrip("`")
             if path == ".type" and message.startswith("Invalid value"):
-                message += "; this server reads message, function_call, function_call_output and reasoning items"
+                message += (
+                    "; this server reads message, function_call, function_call_output, reasoning, "
+                    "mcp_call, mcp_approval_request, mcp_approval_response and mcp_list_tools items"
+                )
             raise BadRequest(f"`input[{i}]{path}`: {message}") from None
     return items
 
@@ -139,10 +145,34 @@ class _Turns:
             self.assistant("call")
             self.calls.append(chat.ToolCall(id=item.call_id, function=chat.FunctionCall(
                 name=seen_name(item.name, item.namespace), arguments=item.arguments)))  # fmt: skip
-        else:
+        elif isinstance(item, r.FunctionCallOutputItem):
             self.flush()
             text = _text_of(f"{where}.output", item.output)
             self.out.append(chat.ChatMessage(role="tool", content=text, tool_call_id=item.call_id))
+        else:
+            self.mcp(item)
+
+    def mcp(self, item: r.InputItem | r.OutputItem, output: bool = False) -> None:
+        """An MCP item: a call is the model's call and the tool's turn with what it read; an approval
+        request a call still waiting for its result; a tool list and an approval response are no
+        turn (the `mcp` tool offers the tools; the approval is read by the request:
+        gateway/api/responses_run.approvals). An approved call answers its approval request: sent
+        back as input, its result is that request's tool turn; in a response's own output it is
+        skipped, as the request already answered the approval request in its conversation."""
+        if isinstance(item, r.McpCall) and item.approval_request_id is not None:
+            if not output:
+                self.flush()
+                self.out.append(chat.ChatMessage(role="tool", content=for_model(item.output, item.error),
+                                                 tool_call_id=item.approval_request_id))  # fmt: skip
+            return
+        if isinstance(item, r.McpCall | r.McpApprovalRequest):
+            self.assistant("call")
+            self.calls.append(chat.ToolCall(id=item.id, function=chat.FunctionCall(
+                name=seen_name(item.name, item.server_label), arguments=item.arguments)))  # fmt: skip
+        if isinstance(item, r.McpCall):
+            self.flush()
+            self.out.append(chat.ChatMessage(role="tool", content=for_model(item.output, item.error),
+                                             tool_call_id=item.id))  # fmt: skip
 
 
 def chat_messages(items: list[r.InputItem]) -> list[chat.ChatMessage]:
@@ -153,8 +183,9 @@ def chat_messages(items: list[r.InputItem]) -> list[chat.ChatMessage]:
     return turns.out
 
 
-def answer_message(output: list[r.OutputItem]) -> chat.ChatMessage:
-    """A response's output as the assistant turn a later request continues from."""
+def answer_messages(output: list[r.OutputItem]) -> list[chat.ChatMessage]:
+    """A response's output as the turns a later request continues from: the assistant's, and the
+    tool turns of the MCP calls the server ran."""
     turns = _Turns()
     for item in output:
         if isinstance(item, r.Reasoning):
@@ -163,14 +194,16 @@ def answer_message(output: list[r.OutputItem]) -> chat.ChatMessage:
         elif isinstance(item, r.OutputMessage):
             turns.assistant("text")
             turns.text.append("".join(p.text for p in item.content))
-        else:
+        elif isinstance(item, r.FunctionCall):
             turns.assistant("call")
             turns.calls.append(chat.ToolCall(id=item.call_id, function=chat.FunctionCall(
                 name=seen_name(item.name, item.namespace), arguments=item.arguments)))  # fmt: skip
-    if turns.last < 0:  # an answer with no output at all is still one (empty) turn
+        else:
+            turns.mcp(item, output=True)
+    if turns.last < 0 and not turns.out:  # an answer with no output at all is still one (empty) turn
         turns.assistant("text")
     turns.flush()
-    return turns.out[0]
+    return turns.out
 
 
 # ---- settings --------------------------------------------------------------------
@@ -206,6 +239,7 @@ class Translation(msgspec.Struct, kw_only=True):
     request: chat.ChatRequest
     conversation: list[chat.ChatMessage]  # without `instructions`: what a later request continues from
     tools: Toolset
+    approvals: list[tuple[str, r.McpApprovalResponseItem]] = []  # (where, item): `mcp_approval_response`s
 
 
 def _cache_salt(req: r.ResponsesRequest) -> str | None:
@@ -215,12 +249,16 @@ def _cache_salt(req: r.ResponsesRequest) -> str | None:
     return f"{req.cache_salt or ''}\0{req.prompt_cache_key}"
 
 
-def chat_request(req: r.ResponsesRequest, history: list[chat.ChatMessage]) -> Translation:
+def chat_request(req: r.ResponsesRequest, history: list[chat.ChatMessage],
+                 mcp: dict[str, tuple[McpUse, list[McpTool]]] | None = None) -> Translation:  # fmt: skip
     """The chat request a Responses request means, after `history` (the conversation of its
-    `previous_response_id`). Instructions are not carried over, as at OpenAI."""
-    conversation = [*history, *chat_messages(input_items(req.input))]
+    `previous_response_id`). Instructions are not carried over, as at OpenAI. `mcp`: the request's
+    `mcp` tools by `tools[i]`, with their servers' tools."""
+    items = input_items(req.input)
+    approvals = [(f"input[{i}]", item) for i, item in enumerate(items) if isinstance(item, r.McpApprovalResponseItem)]
+    conversation = [*history, *chat_messages(items)]
     system = [chat.ChatMessage(role="system", content=req.instructions)] if req.instructions else []
-    tools = toolset(req.tools)
+    tools = toolset(req.tools, mcp)
     choice = tool_choice(req.tool_choice, tools)
     response_format = _response_format(req.text)
     if response_format is not None and tools.chat and choice is not None and choice not in ("auto", "none"):
@@ -248,7 +286,7 @@ def chat_request(req: r.ResponsesRequest, history: list[chat.ChatMessage]) -> Tr
         cache_salt=_cache_salt(req),
         truncation=req.truncation,
     )
-    return Translation(request=chat_req, conversation=conversation, tools=tools)
+    return Translation(request=chat_req, conversation=conversation, tools=tools, approvals=approvals)
 
 
 # ---- the response --------------------------------------------------------------
@@ -265,6 +303,7 @@ def skeleton(req: r.ResponsesRequest, tools: Toolset, response_id: str, created_
         status="in_progress",
         instructions=req.instructions,
         max_output_tokens=req.max_output_tokens,
+        max_tool_calls=req.max_tool_calls,
         model=model,
         output=[],
         parallel_tool_calls=req.parallel_tool_calls,

@@ -4,6 +4,12 @@ The chat shaper's pieces (reasoning, content, tool-call fragments) open, extend 
 a `reasoning` item, a `message` item with one `output_text` part, a `function_call` item per
 call, in the order the model writes them. The non-streamed answer is built by the same object
 (its events unused), so a stream's events always add up to the non-streamed response.
+
+A call of an MCP tool (`Toolset.mcp`) is an `mcp_call` item instead: opened with its arguments'
+deltas as the model writes them, then left `calling` (`pending`) until the server's call ends
+(`called`); or, where the call waits for the client's approval, an `mcp_approval_request` item.
+A response that runs MCP calls spans several rounds of the model over this one object, so the
+output indexes and sequence numbers run on across them.
 """
 
 from __future__ import annotations
@@ -13,7 +19,9 @@ import time
 import msgspec
 
 from gateway.chat.responses import new_id, usage_of
-from gateway.chat.responses_tools import Toolset
+from gateway.chat.responses_mcp import APPROVAL_PREFIX, listed_item
+from gateway.chat.responses_tools import McpTarget, Toolset
+from gateway.mcp.results import Outcome
 from protocol import chat
 from protocol import responses as r
 
@@ -37,6 +45,8 @@ class OutputStream:
         # on. Tokens are assigned as their text is released, by characters where one piece holds both.
         self.reasoning_tokens = 0
         self._counted = 0  # tokens already assigned
+        self.started = False
+        self.pending: list[int] = []  # the output indexes of MCP calls made but not yet run
 
     def _n(self) -> int:
         self.seq += 1
@@ -47,6 +57,7 @@ class OutputStream:
         return len(self.items)
 
     def start(self) -> list[r.StreamEvent]:
+        self.started = True
         return [r.Created(self._n(), self.response), r.InProgress(self._n(), self.response)]
 
     # ---- items -------------------------------------------------------------------
@@ -66,6 +77,17 @@ class OutputStream:
             if self.summary:
                 out.append(r.SummaryPartAdded(self._n(), self.item_id, i, 0, r.SummaryText(text="")))
             out.append(r.PartAdded(self._n(), self.item_id, i, 0, r.ReasoningText(text="")))
+        elif kind == "mcp_call":
+            self.item_id = "mcp_" + call_id.removeprefix("call_")
+            self.call_id, self.name = call_id, name
+            out.append(r.ItemAdded(self._n(), i, self._mcp_call("")))
+            out.append(r.McpCallInProgress(self._n(), self.item_id, i))
+        elif kind == "mcp_approval":
+            self.item_id = APPROVAL_PREFIX + call_id.removeprefix("call_")
+            self.call_id, self.name = call_id, name
+            target = self.tools.mcp[name]
+            item = r.McpApprovalRequest(id=self.item_id, server_label=target.label, name=target.name, arguments="")
+            out.append(r.ItemAdded(self._n(), i, item))
         else:
             self.item_id = "fc_" + call_id.removeprefix("call_")
             self.call_id, self.name = call_id, name
@@ -90,12 +112,27 @@ class OutputStream:
                 out.append(r.SummaryDone(self._n(), self.item_id, i, 0, text))
                 out.append(r.SummaryPartDone(self._n(), self.item_id, i, 0, summary[0]))
             item = r.Reasoning(id=self.item_id, summary=summary, content=[r.ReasoningText(text)], status=status)
+        elif self.kind == "mcp_call":
+            # Not done: the call runs once the model's turn ends (`called` closes the item).
+            out.append(r.McpArgumentsDone(self._n(), self.item_id, i, text))
+            self.items.append(self._mcp_call(text))
+            self.pending.append(i)
+            self.kind = ""
+            return
+        elif self.kind == "mcp_approval":
+            target = self.tools.mcp[self.name]
+            item = r.McpApprovalRequest(id=self.item_id, server_label=target.label, name=target.name, arguments=text)
         else:
             out.append(r.ArgumentsDone(self._n(), self.item_id, i, text))
             item = self._call(text, status)
         out.append(r.ItemDone(self._n(), i, item))
         self.items.append(item)
         self.kind = ""
+
+    def _mcp_call(self, arguments: str) -> r.McpCall:
+        target = self.tools.mcp[self.name]
+        return r.McpCall(id=self.item_id, server_label=target.label, name=target.name, arguments=arguments,
+                         status="in_progress")  # fmt: skip
 
     def _call(self, arguments: str, status: r.ItemStatus) -> r.FunctionCall:
         namespace, name = self.tools.split(self.name)
@@ -128,10 +165,16 @@ class OutputStream:
             out.extend(self.text(delta.content))
         for call in delta.tool_calls or []:
             if call.id is not None:  # a new call: its id and name come first, then its arguments
-                self._open("function_call", out, call.id, call.function.name or "")
+                name = call.function.name or ""
+                target = self.tools.mcp.get(name)
+                kind = "function_call" if target is None else "mcp_approval" if target.approval else "mcp_call"
+                self._open(kind, out, call.id, name)
             if call.function.arguments:
                 self.chunks.append(call.function.arguments)
-                out.append(r.ArgumentsDelta(self._n(), self.item_id, self.index, call.function.arguments))
+                if self.kind == "function_call":
+                    out.append(r.ArgumentsDelta(self._n(), self.item_id, self.index, call.function.arguments))
+                elif self.kind == "mcp_call":
+                    out.append(r.McpArgumentsDelta(self._n(), self.item_id, self.index, call.function.arguments))
         self._count(delta, n_tokens)
         return out
 
@@ -146,6 +189,53 @@ class OutputStream:
         said = len(delta.content or "") + sum(len(c.function.arguments or "") for c in delta.tool_calls or [])
         self.reasoning_tokens += round(new * thought / (thought + said))
         self._counted = n_tokens
+
+    # ---- MCP -------------------------------------------------------------------------
+
+    def listed(self) -> list[r.StreamEvent]:
+        """An `mcp_list_tools` item per `mcp` tool: what the model is offered of its server."""
+        out: list[r.StreamEvent] = []
+        for label, tools in self.tools.mcp_listed:
+            i, item = self.index, listed_item(new_id("mcpl"), label, tools)
+            out.append(r.ItemAdded(self._n(), i, r.McpListTools(id=item.id, server_label=label, tools=[])))
+            out.append(r.McpListToolsInProgress(self._n(), item.id, i))
+            out.append(r.McpListToolsCompleted(self._n(), item.id, i))
+            out.append(r.ItemDone(self._n(), i, item))
+            self.items.append(item)
+        return out
+
+    def approved(self, seen: str, arguments: str, approval_id: str) -> tuple[int, list[r.StreamEvent]]:
+        """The `mcp_call` item of a call the client approved (run before the model's next turn)."""
+        i, target = self.index, self.tools.mcp[seen]
+        item = r.McpCall(id=new_id("mcp"), server_label=target.label, name=target.name, arguments=arguments,
+                         status="in_progress", approval_request_id=approval_id)  # fmt: skip
+        self.items.append(item)
+        self.pending.append(i)
+        return i, [r.ItemAdded(self._n(), i, item), r.McpCallInProgress(self._n(), item.id, i),
+                   r.McpArgumentsDone(self._n(), item.id, i, arguments)]  # fmt: skip
+
+    def target(self, index: int) -> McpTarget:
+        item = self.items[index]
+        assert isinstance(item, r.McpCall)
+        return next(t for t in self.tools.mcp.values() if t.label == item.server_label and t.name == item.name)
+
+    def called(self, index: int, outcome: Outcome) -> list[r.StreamEvent]:
+        """A pending call's end: its item completed with the tool's output, or failed with the error."""
+        item = self.items[index]
+        assert isinstance(item, r.McpCall)
+        ok = outcome.error is None
+        item = msgspec.structs.replace(item, output=outcome.output, error=outcome.error,
+                                       status="completed" if ok else "failed")  # fmt: skip
+        self.items[index] = item
+        self.pending.remove(index)
+        done = r.McpCallCompleted if ok else r.McpCallFailed
+        return [done(self._n(), item.id, index), r.ItemDone(self._n(), index, item)]
+
+    def close(self, status: r.ItemStatus = "completed") -> list[r.StreamEvent]:
+        """Close the open item (a turn that ends in MCP calls continues after them)."""
+        out: list[r.StreamEvent] = []
+        self._close(status, out)
+        return out
 
     # ---- the end -----------------------------------------------------------------
 

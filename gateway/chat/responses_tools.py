@@ -5,8 +5,11 @@
   so), a name no top-level function can take without a 400 (`_Offer.declare`); a call of one
   goes back to the client as `{name, namespace}` (gateway/chat/responses_events.py), and a
   client's `function_call` item with a `namespace` is read back the same way.
+- An `mcp` tool's server tools (gateway/chat/responses_mcp.py, listed by gateway/mcp/hub.py) are
+  offered as `server_label.tool`, as a namespace's are; a call of one is the server's to run
+  (`Toolset.mcp`), an `mcp_call` item, never a `function_call` for the client.
 - Any other tool type is one this server cannot run: OpenAI's hosted tools (`web_search`,
-  `file_search`, `code_interpreter`, `image_generation`, `mcp`, `tool_search`, ...) and the
+  `file_search`, `code_interpreter`, `image_generation`, `tool_search`, ...) and the
   tools whose calls have item shapes of their own (`custom`, `computer_use_preview`, `shell`,
   `local_shell`, `apply_patch`). It is not offered: the request is served with the rest, the
   response's `tools` leaves it out, the log and the `GenieX-Tools-Not-Offered` header name it.
@@ -23,7 +26,9 @@ import msgspec
 import structlog
 
 from gateway.chat.convert import tool_schema
+from gateway.chat.responses_mcp import McpUse, echo, needs_approval, offered
 from gateway.errors import BadRequest
+from gateway.mcp.hub import McpTool
 from protocol import chat
 from protocol import responses as r
 from protocol.limits import MAX_TOOLS
@@ -35,6 +40,15 @@ _NAMESPACE_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
 _MODES = ("auto", "none", "required")
 
 
+class McpTarget(msgspec.Struct, frozen=True, kw_only=True):
+    """What the model's call of an MCP tool runs."""
+
+    label: str
+    name: str
+    approval: bool  # waits for the client's `mcp_approval_response`
+    headers: dict[str, str] | None = None
+
+
 class Toolset(msgspec.Struct, kw_only=True):
     """The request's tools as this server uses them."""
 
@@ -43,6 +57,8 @@ class Toolset(msgspec.Struct, kw_only=True):
     echo: list[dict[str, Any]] = msgspec.field(default_factory=list)  # the response's `tools`
     not_offered: list[str] = msgspec.field(default_factory=list)  # "web_search (tools[9])"
     not_offered_types: set[str] = msgspec.field(default_factory=set)
+    mcp: dict[str, McpTarget] = msgspec.field(default_factory=dict)  # seen name -> the MCP tool it runs
+    mcp_listed: list[tuple[str, list[McpTool]]] = msgspec.field(default_factory=list)  # (label, tools offered)
 
     def split(self, seen: str) -> tuple[str | None, str]:
         """A call's (namespace, name) from the name the model wrote."""
@@ -113,14 +129,31 @@ class _Offer:
         self.set.echo.append({"type": "namespace", "name": t.name, "description": t.description or "",
                               "tools": members})  # fmt: skip
 
+    def mcp(self, use: McpUse, listed: list[McpTool]) -> None:
+        tools = offered(use, listed)
+        for tool in tools:
+            seen = seen_name(tool.name, use.label)
+            self.declare(seen, use.where)
+            self.set.mcp[seen] = McpTarget(label=use.label, name=tool.name, approval=needs_approval(use, tool),
+                                           headers=use.headers)  # fmt: skip
+            about = " ".join(d for d in (f"(MCP server {use.label})", tool.description or "") if d)
+            self.tools.append(_function(use.where, seen, about, tool.input_schema, None))
+        self.set.mcp_listed.append((use.label, tools))
+        self.set.echo.append(echo(use))
 
-def toolset(tools: list[r.RequestTool] | None) -> Toolset:
+
+def toolset(tools: list[r.RequestTool] | None,
+            mcp: dict[str, tuple[McpUse, list[McpTool]]] | None = None) -> Toolset:  # fmt: skip
+    """`mcp`: by `tools[i]`, each `mcp` tool's use and its server's listed tools."""
     offer = _Offer()
+    mcp = mcp or {}
     for i, t in enumerate(tools or []):
         if t.type == "function":
             offer.function(i, t)
         elif t.type == "namespace":
             offer.namespace(i, t)
+        elif f"tools[{i}]" in mcp:
+            offer.mcp(*mcp[f"tools[{i}]"])
         else:
             offer.skip(t.type, f"tools[{i}]")
     if len(offer.tools) > MAX_TOOLS:
@@ -163,12 +196,29 @@ def _allowed(choice: dict[str, Any], tools: Toolset) -> str:
             keep.add(name)
         elif kind == "namespace" and isinstance(name, str):
             keep.update(s for s, (ns, _) in tools.namespaced.items() if ns == name)
+        elif kind == "mcp" and isinstance(label := entry.get("server_label"), str):
+            keep.update(s for s, t in tools.mcp.items() if t.label == label)
         elif not (isinstance(kind, str) and kind in tools.not_offered_types):
             raise BadRequest(f"`tool_choice.tools[{k}]`: expected a function or namespace tool of `tools` by its name")
     tools.chat = [t for t in tools.chat or [] if t.function.name in keep] or None
     if tools.chat is None and mode == "required":
         raise BadRequest("`tool_choice`: `required`, and none of its tools is a function this server offers")
     return mode
+
+
+def _mcp_choice(choice: dict[str, Any], tools: Toolset) -> str | dict[str, Any]:
+    """`{type: "mcp", server_label[, name]}`: that tool called, or one of that server's tools."""
+    label, name = choice.get("server_label"), choice.get("name")
+    if not isinstance(label, str) or not any(t.label == label for t in tools.mcp.values()):
+        raise BadRequest("`tool_choice.server_label`: the label of an `mcp` tool in `tools` that offers a tool")
+    if name is not None:
+        seen = seen_name(str(name), label)
+        if seen not in tools.mcp:
+            raise BadRequest(f"`tool_choice.name`: MCP server {label!r} offers no tool {str(name)[:128]!r} here")
+        return {"type": "function", "function": {"name": seen}}
+    tools.chat = [t for t in tools.chat or [] if t.function.name in tools.mcp
+                  and tools.mcp[t.function.name].label == label]  # fmt: skip
+    return "required"
 
 
 def tool_choice(choice: r.ToolChoice | None, tools: Toolset) -> str | dict[str, Any] | None:
@@ -185,6 +235,8 @@ def tool_choice(choice: r.ToolChoice | None, tools: Toolset) -> str | dict[str, 
             if not tools.chat:
                 raise BadRequest("`tool_choice`: a named function needs `tools`")
             return {"type": "function", "function": {"name": _forced_name(choice, tools)}}
+        if kind == "mcp":
+            return _mcp_choice(choice, tools)
         if kind == "allowed_tools":
             mode = _allowed(choice, tools)
         elif isinstance(kind, str):

@@ -1,13 +1,16 @@
 """API keys: who may call the server, and the name each caller goes by in the ledger and logs.
 
 Keys come from `--api-key` (repeatable) and `--api-key-file` (one key per line, an optional label
-and optional words after it, `#` comments: `KEY [LABEL] [rpm=N] [tpm=N] [concurrent=N] [manage=yes]`),
+and optional words after it, `#` comments: `KEY [LABEL] [rpm=N] [tpm=N] [concurrent=N] [manage=yes] [mcp=a,b]`),
 and the file is read again on SIGHUP. A key is never kept or logged in
 the clear beyond this object: callers are named by their label, or by a hash of the key.
 
 Managing models (pulling, deleting, copying them over HTTP) is a right of its own: a key given
 with `--api-key` has it (whoever sets the server's flags owns it), a key-file key only with
 `manage=yes`, so that a team's keys can use models without filling or emptying the disk.
+
+The MCP servers of `--mcp-config` are a right too: a key-file key uses the servers its `mcp=`
+names (`mcp=*`: all of them), none without it; a `--api-key` key uses all.
 """
 
 from __future__ import annotations
@@ -28,6 +31,8 @@ class KeyFileError(ValueError):
 
 
 MANAGE = "manage"
+MCP = "mcp"
+ALL_SERVERS = "*"
 _YES = {"yes": True, "true": True, "no": False, "false": False}
 
 
@@ -37,6 +42,7 @@ class Key:
     label: str
     limits: Limits = NO_LIMITS
     manage: bool = False  # may pull, delete and copy models
+    mcp: frozenset[str] | None = frozenset()  # the MCP servers it may use; None: all
 
 
 @dataclass(frozen=True)
@@ -47,6 +53,7 @@ class KeyLine:
     label: str
     limits: Limits = NO_LIMITS
     manage: bool = False
+    mcp: frozenset[str] | None = frozenset()
 
 
 def _digest(key: str) -> bytes:
@@ -70,10 +77,14 @@ def parse_key_lines(text: str) -> list[KeyLine]:
             raise KeyFileError(f"line {n}: a key has at least {MIN_KEY_CHARS} characters")
         label = rest.pop(0) if rest and "=" not in rest[0] else default_label(key)
         manage = False
+        mcp: frozenset[str] | None = frozenset()
         limit_words = []
         for word in rest:
             name, _, value = word.partition("=")
-            if name != MANAGE:
+            if name == MCP:
+                servers = frozenset(v for v in value.split(",") if v)
+                mcp = None if ALL_SERVERS in servers else servers
+            elif name != MANAGE:
                 limit_words.append(word)
             elif value.lower() in _YES:
                 manage = _YES[value.lower()]
@@ -82,8 +93,9 @@ def parse_key_lines(text: str) -> list[KeyLine]:
         try:
             limits = Limits.parse(limit_words)
         except ValueError as exc:
-            raise KeyFileError(f"line {n}: {exc}, or manage=yes (the key may pull, delete and copy models)") from None
-        out.append(KeyLine(key, label, limits, manage))
+            raise KeyFileError(f"line {n}: {exc}, manage=yes (the key may pull, delete and copy models), or mcp=a,b "
+                               "(the MCP servers it may use; * for all)") from None  # fmt: skip
+        out.append(KeyLine(key, label, limits, manage, mcp))
     return out
 
 
@@ -95,7 +107,7 @@ def parse_key_file(text: str) -> list[tuple[str, str, Limits]]:
 class KeyRing:
     def __init__(self, keys: list[str], key_file: Path | None = None) -> None:
         # The flags' keys manage models: they belong to whoever runs the server.
-        self._flag_keys = [KeyLine(k, default_label(k), NO_LIMITS, manage=True) for k in keys]
+        self._flag_keys = [KeyLine(k, default_label(k), NO_LIMITS, manage=True, mcp=None) for k in keys]
         self.key_file = key_file
         self.keys: list[Key] = []
         self.reload()
@@ -105,7 +117,7 @@ class KeyRing:
         lines = list(self._flag_keys)
         if self.key_file is not None:
             lines += parse_key_lines(self.key_file.read_text())
-        self.keys = [Key(_digest(k.key), k.label, k.limits, k.manage) for k in lines]
+        self.keys = [Key(_digest(k.key), k.label, k.limits, k.manage, k.mcp) for k in lines]
 
     @property
     def enabled(self) -> bool:

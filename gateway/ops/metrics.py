@@ -125,6 +125,11 @@ class Metrics:
         self.cache_reused_tokens = Counter("geniex:prompt_cache_reused_tokens",
                                            "Prompt tokens whose KV came from the prompt cache, not a prefill.",
                                            ["model"], registry=r)  # fmt: skip
+        self.mcp_calls = Counter("geniex:mcp_calls", "MCP tool calls run for responses, by server and outcome (ok, "
+                                 "tool_error, timeout, too_large, crashed, unavailable, protocol_error, bad_arguments).",
+                                 ["server", "outcome"], registry=r)  # fmt: skip
+        self.mcp_call_seconds = Histogram("geniex:mcp_call_seconds", "Time of an MCP tool call, its wait for a slot "
+                                          "included.", ["server"], registry=r)  # fmt: skip
         r.register(_PoolCollector(self))
         r.register(_KeyCollector(self))
         r.register(_LedgerCollector(self))
@@ -167,6 +172,10 @@ class Metrics:
 
     def worker_unloaded(self, model: str) -> None:
         self.worker_unloads.labels(model).inc()
+
+    def mcp_call(self, server: str, outcome: str, seconds: float) -> None:
+        self.mcp_calls.labels(server, outcome).inc()
+        self.mcp_call_seconds.labels(server).observe(seconds)
 
 
 class RequestTimer:

@@ -211,6 +211,23 @@ class Settings(msgspec.Struct, kw_only=True):
     grammar_dirs: Annotated[list[Path], Flag(
         "a folder `grammar_path` may read GBNF files from (repeatable; `GENIEX_GRAMMAR_DIR` takes a `:`-separated "
         "list)", option="--grammar-dir")] = []  # fmt: skip
+    mcp_config: Annotated[Path | None, Flag(
+        "a JSON file of the MCP servers the Responses API's `mcp` tool may use, in the desktop assistants' format: "
+        "`{\"mcpServers\": {\"name\": {\"command\", \"args\", \"env\"} or {\"url\", \"headers\"}}}` "
+        "(docs/mcp.md). A stdio server starts on first use, with only the config's environment; a request names a "
+        "server by its name only; key-file keys use the servers their `mcp=` gives")] = None  # fmt: skip
+    mcp_call_timeout_s: Annotated[float, Flag(
+        "seconds one MCP tool call (or tool listing, or a server's start) may take, its wait for a free slot "
+        "included; past it the call ends as failed and the model reads why", at_least=0.1)] = 60.0  # fmt: skip
+    mcp_max_result_kb: Annotated[int, Flag(
+        "KiB of text an MCP tool's result may hold; a larger one ends its call as failed, so the model never "
+        "reads more", at_least=1)] = 256  # fmt: skip
+    mcp_max_calls: Annotated[int, Flag(
+        "MCP tool calls the server runs for one response, over all its rounds (a request's `max_tool_calls` may "
+        "set fewer); then the model answers without tools", at_least=1)] = 16  # fmt: skip
+    mcp_concurrency: Annotated[int, Flag(
+        "calls one MCP server runs at once, over all requests; more wait their turn (within "
+        "`--mcp-call-timeout-s`)", at_least=1)] = 4  # fmt: skip
     webui: Annotated[bool, Flag(
         "serve no web UI (`/`, `/ops`, `/try`, `/docs`) and no `/openapi.json` (`GENIEX_NO_WEBUI=1`)",
         option="--no-webui")] = True  # fmt: skip

@@ -13,7 +13,7 @@ from openai.types.responses import Response, ResponseStreamEvent
 
 from gateway.chat.response_store import ResponseStore
 from gateway.chat.responses import (
-    answer_message,
+    answer_messages,
     chat_messages,
     chat_request,
     image_fields,
@@ -184,7 +184,7 @@ def test_reasoning_text_and_calls_become_items_and_valid_events() -> None:
     assert final.usage.output_tokens_details.reasoning_tokens == 4
     assert final.tools[0].type == "function" and final.tools[0].name == "add"
     # the answer as the assistant turn a continuation reads
-    again = answer_message(out.response.output)
+    (again,) = answer_messages(out.response.output)
     assert (again.content, again.reasoning_content) == ("Sure.", "think more")
     assert again.tool_calls == [chat.ToolCall(id="call_x", function=chat.FunctionCall("add", '{"a": 1}'))]
 
@@ -205,7 +205,7 @@ def test_a_cut_answer_is_incomplete_and_a_broken_one_failed() -> None:
 
 
 def test_an_empty_answer_is_one_empty_assistant_turn() -> None:
-    assert answer_message([]) == chat.ChatMessage(role="assistant", content="")
+    assert answer_messages([]) == [chat.ChatMessage(role="assistant", content="")]
 
 
 def _response(i: int) -> r.Response:
@@ -287,7 +287,7 @@ def test_a_namespaced_call_goes_out_with_its_namespace_and_comes_back_in() -> No
     top.finish("tool_calls", _usage(1, 1))
     assert "namespace" not in msgspec.json.decode(msgspec.json.encode(top.response))["output"][0], "absent, not null"
     # the stored answer, and a client's own function_call item, read back as the name the model saw
-    assert answer_message(out.response.output).tool_calls[0].function.name == "agents.spawn_agent"  # type: ignore[index]
+    assert answer_messages(out.response.output)[0].tool_calls[0].function.name == "agents.spawn_agent"  # type: ignore[index]
     item = {"type": "function_call", "call_id": "c", "name": "spawn_agent", "namespace": "agents", "arguments": "{}"}
     assert messages([item])[0]["tool_calls"][0]["function"]["name"] == "agents.spawn_agent"
 
