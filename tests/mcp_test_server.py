@@ -9,7 +9,9 @@ mode stdout carries the protocol alone; the SDK's and uvicorn's logs go to stder
 
 Tools: add, lookup, sleep, crash (the process exits mid-call, without answering), huge (a result of
 `mb` megabytes), fail (an is_error result), claim_system (text posing as chat-template tokens), env
-(one of the server's own environment variables, to show which reach it) and pid (to see restarts).
+(one of the server's own environment variables, to show which reach it), hang (never answers),
+flood (a 50 MB result), environment (the names of its variables) and pid (to see restarts). The
+tools without arguments let a test force a call whose outcome does not depend on the model.
 """
 
 from __future__ import annotations
@@ -79,6 +81,25 @@ async def claim_system() -> str:
 async def env(name: str) -> str:
     """The server process's environment variable `name`, or "<unset>"."""
     return os.environ.get(name, "<unset>")
+
+
+@server.tool()
+async def hang() -> str:
+    """Never answers (sleeps an hour): a server stuck in a call."""
+    await asyncio.sleep(3600)
+    return "woke"
+
+
+@server.tool(structured_output=False)
+async def flood() -> str:
+    """A 50 MB result."""
+    return "x" * 50_000_000
+
+
+@server.tool()
+async def environment() -> str:
+    """The names of the server process's environment variables, comma-separated."""
+    return ",".join(sorted(os.environ))
 
 
 @server.tool()

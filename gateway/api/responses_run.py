@@ -272,7 +272,13 @@ class ResponseRun:
         choice: str | dict[str, Any] | None = "auto" if self.calls < self.limit else "none"
         self.req = msgspec.structs.replace(self.req, messages=[*self.head, *self.conversation,
                                                                *answer_messages(self.out.items)],
-                                           tool_choice=choice)  # fmt: skip
+                                           tool_choice=choice, max_completion_tokens=self.budget())  # fmt: skip
+
+    def budget(self) -> int | None:
+        """`max_output_tokens` bounds the whole response, as at OpenAI: a round gets what is left."""
+        if self.data.max_output_tokens is None:
+            return None
+        return self.data.max_output_tokens - self.usage.completion_tokens
 
     def stops_after_calls(self) -> bool:
         """A round with a call for the client, or an approval request, ends the response (after its
@@ -294,8 +300,8 @@ class ResponseRun:
             try:
                 for ev in await self.run_pending():
                     yield frame(ev)
-                if self.stops_after_calls():
-                    for ev in self.finish("stop"):
+                if self.stops_after_calls() or (left := self.budget()) is not None and left <= 0:
+                    for ev in self.finish("stop" if self.stops_after_calls() else "length"):
                         yield frame(ev)
                     return
                 self.next_request()

@@ -29,6 +29,7 @@ import structlog
 from gateway.mcp import results
 from gateway.mcp.config import ServerConfig
 from gateway.mcp.results import Outcome, failed
+from gateway.mcp.stdio import bounded_stdio
 from protocol.limits import MAX_TOOLS
 
 if TYPE_CHECKING:
@@ -37,6 +38,7 @@ if TYPE_CHECKING:
 log = structlog.get_logger("gateway.mcp")
 
 MAX_BACKOFF_S = 30.0
+START_TIMEOUT_S = 30.0  # a server's start (`npx -y` may fetch its package first); at least the call's bound
 MAX_LIST_PAGES = 16
 TOOL_NAME = re.compile(r"[A-Za-z0-9_.-]{1,128}")
 CONNECTION_CLOSED = -32000  # the SDK's code for a session whose transport closed (mcp_types.jsonrpc)
@@ -55,18 +57,20 @@ class McpTool(msgspec.Struct, frozen=True, kw_only=True):
 
 
 @contextlib.asynccontextmanager
-async def _http(url: str, headers: dict[str, str]) -> AsyncIterator[Any]:
+async def _http(url: str, headers: dict[str, str], max_bytes: int) -> AsyncIterator[Any]:
     from mcp.client.streamable_http import streamable_http_client
     from mcp.shared._httpx_utils import create_mcp_http_client
 
     async with create_mcp_http_client(headers=headers or None) as http, \
-            streamable_http_client(url, http_client=http) as streams:  # fmt: skip
+            streamable_http_client(url, http_client=http, max_sse_event_size=max_bytes) as streams:  # fmt: skip
         yield streams
 
 
 class _Server:
-    def __init__(self, config: ServerConfig, concurrency: int, connect_timeout_s: float) -> None:
+    def __init__(self, config: ServerConfig, concurrency: int, connect_timeout_s: float,
+                 max_message_bytes: int) -> None:  # fmt: skip
         self.config = config
+        self.max_message_bytes = max_message_bytes
         self.connect_timeout_s = connect_timeout_s
         self.gate = asyncio.Semaphore(concurrency)
         self.lock = asyncio.Lock()  # one start at a time
@@ -77,18 +81,23 @@ class _Server:
         self.retry_at = 0.0
         self.listing: list[McpTool] | None = None
         self.starts = 0
+        self.too_large = False  # the session ended on a message over the bound
+
+    def oversized(self) -> None:
+        self.too_large = True
 
     def new_client(self, headers: dict[str, str] | None = None) -> Client:
         # The SDK is imported on first use: it costs about a second of the gateway's start.
-        from mcp import Client, StdioServerParameters
+        from mcp import Client
         from mcp.types import Implementation
 
         c = self.config
         server: Any
         if c.transport == "stdio":
-            server = StdioServerParameters(command=c.command, args=list(c.args), env=c.env or None, cwd=c.cwd)
+            server = bounded_stdio(c.command, list(c.args), c.env, c.cwd, self.max_message_bytes, c.label,
+                                   self.oversized)  # fmt: skip
         else:
-            server = _http(c.url, {**c.headers, **(headers or {})})
+            server = _http(c.url, {**c.headers, **(headers or {})}, self.max_message_bytes)
         return Client(server, client_info=Implementation(name="geniex", version="1"), cache=None)
 
     async def connected(self) -> Client:
@@ -192,7 +201,11 @@ class Hub:
         self.call_timeout_s = call_timeout_s
         self.max_result_bytes = max_result_bytes
         self.on_call = on_call
-        self._servers = {label: _Server(c, concurrency, call_timeout_s) for label, c in servers.items()}
+        # A message may carry a result up to the bound twice (as text and as structured content),
+        # in JSON: beyond that the transport ends the session (gateway/mcp/stdio.py).
+        message_bytes = 4 * max_result_bytes + (64 << 10)
+        start_s = max(START_TIMEOUT_S, call_timeout_s)
+        self._servers = {label: _Server(c, concurrency, start_s, message_bytes) for label, c in servers.items()}
 
     @property
     def labels(self) -> list[str]:
@@ -203,8 +216,11 @@ class Hub:
 
     @contextlib.asynccontextmanager
     async def _session(self, server: _Server, headers: dict[str, str] | None) -> AsyncIterator[Client]:
+        """The shared session (started first, within its own bound), or one for these headers."""
         if headers:
-            async with server.new_client(headers) as client:
+            async with contextlib.AsyncExitStack() as stack:
+                async with asyncio.timeout(server.connect_timeout_s):
+                    client = await stack.enter_async_context(server.new_client(headers))
                 yield client
         else:
             yield await server.connected()
@@ -216,7 +232,7 @@ class Hub:
         if server.listing is not None and not headers:
             return server.listing
         try:
-            async with asyncio.timeout(self.call_timeout_s), server.gate, self._session(server, headers) as client:
+            async with self._session(server, headers) as client, asyncio.timeout(self.call_timeout_s), server.gate:
                 listed: list[McpTool] = []
                 cursor: str | None = None
                 for _ in range(MAX_LIST_PAGES):
@@ -256,7 +272,7 @@ class Hub:
                     headers: dict[str, str] | None) -> Outcome:  # fmt: skip
         label = server.config.label
         try:
-            async with asyncio.timeout(self.call_timeout_s), server.gate, self._session(server, headers) as client:
+            async with self._session(server, headers) as client, asyncio.timeout(self.call_timeout_s), server.gate:
                 result = await client.call_tool(name, arguments)
         except Unavailable as exc:
             return failed("unavailable", results.UNAVAILABLE, str(exc))
@@ -280,9 +296,16 @@ class Hub:
 
     @staticmethod
     def _crashed(server: _Server, headers: dict[str, str] | None, why: str) -> Outcome:
+        label = server.config.label
+        if server.too_large:
+            why = f"it sent a message of more than {server.max_message_bytes:,} bytes"
         if not headers:
             server.broken(why)
-        return failed("crashed", results.CONNECTION, f"MCP server {server.config.label} failed during the call: {why}")
+        if server.too_large:
+            server.too_large = False
+            return failed("too_large", results.TOO_LARGE, f"MCP server {label} was stopped: {why}, over this server's "
+                                                          "bound (--mcp-max-result-kb); it starts again on its next use")  # fmt: skip
+        return failed("crashed", results.CONNECTION, f"MCP server {label} failed during the call: {why}")
 
     async def close(self) -> None:
         await asyncio.gather(*(s.close() for s in self._servers.values()))

@@ -1,6 +1,11 @@
-// The chat playground: streams /v1/chat/completions and renders the answer as Markdown.
+// The chat playground: streams /v1/chat/completions and renders the answer as Markdown. With an
+// MCP server switched on (the "Tools" panel, from GET /v1/mcp/servers), the conversation goes
+// through /v1/responses instead, with an `mcp` tool per server: the server runs the model's calls,
+// and the page shows each call (server, tool, arguments, output or error) and asks the person
+// before running a call whose server needs approval.
 // Model output reaches the DOM only through render(): marked with raw HTML escaped to text,
-// then DOMPurify; the page's CSP forbids inline and foreign scripts besides.
+// then DOMPurify; what MCP servers and tools say is set as text (G.el) and never parsed as HTML.
+// The page's CSP forbids inline and foreign scripts besides.
 "use strict";
 
 (() => {
@@ -96,6 +101,11 @@
       node.append(el("div", { class: "body" }, m.content));
       return node;
     }
+    if (m.items) {
+      node.append(el("div", { class: "steps" }), el("div", { class: "stats" }));
+      render(node, m);
+      return node;
+    }
     const reasoning = el("details", { class: "reasoning", hidden: true }, el("summary", {}, "Reasoning"), el("div", { class: "reasoning-body" }));
     node.append(reasoning, el("div", { class: "tools", hidden: true }), el("div", { class: "body answer-body" }), el("div", { class: "stats" }));
     render(node, m);
@@ -103,6 +113,7 @@
   }
 
   function render(node, m) {
+    if (m.items) { renderSteps(node, m); return; }
     const reasoning = node.querySelector("details.reasoning");
     if (m.reasoning) {
       reasoning.hidden = false;
@@ -118,11 +129,96 @@
     const body = node.querySelector(".body");
     body.innerHTML = markdown(m.content);
     body.querySelectorAll("pre code").forEach(highlight);
+    renderEnd(node, m);
+  }
+
+  function renderEnd(node, m) {
     node.dataset.state = m.state || "done";
     const stats = node.querySelector(".stats");
     stats.replaceChildren();
     if (m.error) stats.append(el("span", { class: "error" }, m.error));
     if (m.stats) stats.append(statsText(m));
+  }
+
+  // --- an answer through /v1/responses: its items in order -------------------------------------
+
+  // The approval requests of a turn that no approval response answers yet.
+  function waiting(m) {
+    const answered = new Set(m.items.filter((it) => it.type === "mcp_approval_response").map((it) => it.approval_request_id));
+    return m.items.filter((it) => it.type === "mcp_approval_request" && !answered.has(it.id));
+  }
+
+  function pretty(args) {
+    try { return JSON.stringify(JSON.parse(args), null, 2); } catch (_) { return args || ""; }
+  }
+
+  // An mcp_call's error in words: the tool's own (`content`), or the protocol's (`message`, `code`).
+  function errorText(error) {
+    if (!error) return "";
+    if (typeof error === "string") return error;
+    if (error.message) return error.code !== undefined ? `${error.message} (code ${error.code})` : error.message;
+    const c = error.content;
+    if (typeof c === "string") return c;
+    if (Array.isArray(c)) return c.map((p) => (p && typeof p.text === "string" ? p.text : JSON.stringify(p))).join("\n");
+    return JSON.stringify(error);
+  }
+
+  function callHead(kind, it, ...rest) {
+    return el("div", { class: "mcp-head" }, el("strong", {}, kind), " ",
+      el("code", { class: "mcp-server-name" }, it.server_label || "?"), " · ",
+      el("code", { class: "mcp-tool-name" }, it.name || "?"), ...rest);
+  }
+
+  const CALL_STATES = { in_progress: "running", calling: "running", completed: "done", failed: "failed", incomplete: "cut short" };
+
+  function step(it, m, live, decisions) {
+    if (it.type === "message") {
+      const body = el("div", { class: "body answer-body" });
+      body.innerHTML = markdown(it.text);
+      body.querySelectorAll("pre code").forEach(highlight);
+      return body;
+    }
+    if (it.type === "reasoning") {
+      const r = el("details", { class: "reasoning", open: m.state === "streaming" && it === m.items[m.items.length - 1] },
+        el("summary", {}, "Reasoning"), el("div", { class: "reasoning-body" }));
+      r.querySelector(".reasoning-body").innerHTML = markdown(it.text);
+      return r;
+    }
+    if (it.type === "mcp_call") {
+      return el("div", { class: "mcp-call", "data-status": it.status || "", "data-server": it.server_label, "data-tool": it.name },
+        callHead("MCP call", it, el("span", { class: "muted mcp-status" }, " · " + (CALL_STATES[it.status] || it.status || "")),
+                 it.approval_request_id ? el("span", { class: "muted" }, " · approved") : null),
+        el("div", { class: "mcp-label" }, "arguments"), el("pre", { class: "mcp-arguments" }, pretty(it.arguments)),
+        it.output !== null && it.output !== undefined ? el("div", { class: "mcp-label" }, "output") : null,
+        it.output !== null && it.output !== undefined ? el("pre", { class: "mcp-output" }, it.output) : null,
+        it.error ? el("div", { class: "mcp-label" }, "error") : null,
+        it.error ? el("pre", { class: "mcp-error error" }, errorText(it.error)) : null);
+    }
+    if (it.type === "mcp_approval_request") {
+      const decided = decisions.get(it.id);
+      let foot;
+      if (decided !== undefined) foot = el("div", { class: "muted mcp-decision" }, decided ? "approved" : "denied: not run");
+      else if (live) {
+        foot = el("div", { class: "mcp-buttons" },
+          el("button", { type: "button", class: "approve", onclick: () => answer(m, it.id, true) }, "Approve"),
+          el("button", { type: "button", class: "deny small", onclick: () => answer(m, it.id, false) }, "Deny"));
+      } else foot = el("div", { class: "muted mcp-decision" }, "not answered: not run");
+      return el("div", { class: "mcp-approval", "data-server": it.server_label, "data-tool": it.name, "data-decided": decided === undefined ? "" : String(decided) },
+        callHead("Run this MCP call?", it), el("div", { class: "mcp-label" }, "arguments"),
+        el("pre", { class: "mcp-arguments" }, pretty(it.arguments)), foot);
+    }
+    if (it.type === "function_call") {
+      return el("div", { class: "tool-call" }, el("strong", {}, "tool call: "), el("code", {}, it.name || "?"), el("pre", {}, it.arguments || ""));
+    }
+    return null; // an approval response: shown on its request
+  }
+
+  function renderSteps(node, m) {
+    const decisions = new Map(m.items.filter((it) => it.type === "mcp_approval_response").map((it) => [it.approval_request_id, it.approve]));
+    // Approve and Deny are offered on the conversation's last answer only, while nothing streams.
+    const live = m.state === "awaiting" && !controller && current.messages[current.messages.length - 1] === m;
+    node.querySelector(".steps").replaceChildren(...m.items.map((it) => step(it, m, live, decisions)).filter(Boolean));
+    renderEnd(node, m);
   }
 
   function statsText(m) {
@@ -134,11 +230,13 @@
     if (s.prompt_tokens !== undefined) parts.push(`prompt ${s.prompt_tokens} tokens (${s.cached_tokens || 0} from cache)`);
     if (s.finish_reason) parts.push(s.finish_reason === "length" ? "stopped at max tokens" : s.finish_reason);
     if (m.state === "stopped") parts.push("stopped");
+    if (m.state === "awaiting") parts.push("waiting for your approval");
     return parts.join(" · ");
   }
 
   function showMessages() {
     $("messages").replaceChildren(...current.messages.map(messageNode));
+    showServers();
     scrollDown();
   }
 
@@ -174,7 +272,145 @@
       (m.loaded && m.loaded.length ? ` · loaded (${m.loaded.map((r) => r.state).join(", ")})` : " · not loaded") : "";
   }
 
+  // --- MCP servers: the "Tools" panel ---------------------------------------------------------
+
+  let servers = []; // GET /v1/mcp/servers: those the key in use may use, with their tools
+
+  async function loadServers() {
+    let list;
+    try {
+      list = (await G.json("/v1/mcp/servers")).data || [];
+      $("mcp-error").hidden = true;
+    } catch (e) {
+      servers = [];
+      // 401: the banner already says so (the models' call); 404: a server without the route.
+      const quiet = e.status === 401 || e.status === 404;
+      $("mcp-error").textContent = quiet ? "" : "The MCP servers could not be listed: " + e.message;
+      $("mcp-error").hidden = quiet;
+      $("mcp").hidden = quiet;
+      showServers();
+      return;
+    }
+    servers = list;
+    $("mcp").hidden = !servers.length;
+    showServers();
+  }
+
+  // This conversation's settings of a server: {ask, force} while it is switched on, else undefined.
+  function setting(label) { return current && current.mcp ? current.mcp[label] : undefined; }
+
+  function setServer(label, value) {
+    current.mcp = current.mcp || {};
+    if (value) current.mcp[label] = value; else delete current.mcp[label];
+    // One call can be forced per request: forcing one server's stops forcing the others'.
+    if (value && value.force) for (const [k, v] of Object.entries(current.mcp)) if (k !== label) v.force = "";
+    save();
+    showServers();
+  }
+
+  function serverNode(s) {
+    const label = s.server_label;
+    const on = setting(label);
+    const force = el("select", { class: "mcp-force", disabled: !on,
+      onchange: (ev) => setServer(label, Object.assign({}, setting(label), { force: ev.target.value })) },
+      el("option", { value: "" }, "no"), el("option", { value: "*" }, "any of its tools"),
+      ...(s.tools || []).map((t) => el("option", { value: t.name }, t.name)));
+    force.value = on && on.force && (on.force === "*" || (s.tools || []).some((t) => t.name === on.force)) ? on.force : "";
+    return el("li", { class: "mcp-server", "data-server": label },
+      el("div", { class: "mcp-controls" },
+        el("label", { class: "check" }, el("input", { type: "checkbox", class: "mcp-on", checked: !!on,
+          onchange: (ev) => setServer(label, ev.target.checked ? { ask: true, force: "" } : null) }),
+          el("strong", {}, label), el("span", { class: "muted" }, s.transport || "")),
+        el("label", { class: "check" }, el("input", { type: "checkbox", class: "mcp-ask", checked: !on || on.ask, disabled: !on,
+          onchange: (ev) => setServer(label, Object.assign({}, setting(label), { ask: ev.target.checked })) }),
+          "ask before each call"),
+        el("label", { title: "tool_choice: the model must call one of this server's tools (then answers: max_tool_calls 1)" },
+          "force a call", force)),
+      s.error ? el("div", { class: "error mcp-list-error" }, s.error) : null,
+      el("ul", { class: "mcp-tools" }, ...(s.tools || []).map((t) => el("li", { "data-tool": t.name, title: t.description || "" },
+        el("code", {}, t.name), t.read_only ? el("span", { class: "muted" }, " read-only") : null,
+        t.description ? el("span", { class: "muted" }, " · " + t.description) : null))));
+  }
+
+  function showServers() {
+    if (!current) return;
+    $("mcp-servers").replaceChildren(...servers.map(serverNode));
+    const on = enabledServers().map((s) => s.server_label);
+    $("mcp-count").textContent = on.length ? "· on: " + on.join(", ") : "";
+  }
+
+  function enabledServers() { return servers.filter((s) => setting(s.server_label)); }
+
+  // The Responses fields that the switched-on servers make: null when none is on (plain chat).
+  function mcpSetup() {
+    const on = enabledServers();
+    if (!on.length) return null;
+    const setup = { tools: on.map((s) => ({ type: "mcp", server_label: s.server_label,
+                                            require_approval: setting(s.server_label).ask ? "always" : "never" })) };
+    const forced = on.find((s) => setting(s.server_label).force);
+    if (forced) {
+      const name = setting(forced.server_label).force;
+      setup.tool_choice = name === "*" ? { type: "mcp", server_label: forced.server_label }
+                                       : { type: "mcp", server_label: forced.server_label, name };
+      setup.max_tool_calls = 1; // then the model answers with the result, offered no more tools
+    }
+    return setup;
+  }
+
   // --- sending --------------------------------------------------------------------------------
+
+  function settingsFields(body, maxField) {
+    const t = parseFloat($("temperature").value);
+    if (!Number.isNaN(t)) body.temperature = t;
+    const n = parseInt($("max-tokens").value, 10);
+    if (n > 0) body[maxField] = n;
+    const extra = $("extra").value.trim();
+    if (extra) {
+      let fields;
+      try { fields = JSON.parse(extra); } catch (e) { throw new Error("More request fields: not JSON (" + e.message + ")"); }
+      if (typeof fields !== "object" || fields === null || Array.isArray(fields)) throw new Error("More request fields: a JSON object, please");
+      Object.assign(body, fields);
+    }
+    return body;
+  }
+
+  // A tool's text is a third party's: the spellings of chat templates' special tokens in it are
+  // broken with a zero-width joiner, so that it stays text in the tool's turn (as the server does
+  // for /v1/responses: gateway/mcp/results.py, `contained`).
+  const SPECIAL = /<\||\|>|<s>|<\/s>|\[INST\]|\[\/INST\]|<think>|<\/think>/g;
+  function contained(text) { return text.replace(SPECIAL, (t) => t[0] + "\u200d" + t.slice(1)); }
+
+  // An MCP call's result as the model read it, for a chat request (the server's wording, `for_model`).
+  function resultText(it) {
+    if (it.output !== null && it.output !== undefined) return contained(it.output);
+    const e = it.error;
+    if (e && e.type === "mcp_tool_execution_error") return contained("the tool failed: " + errorText({ content: e.content }));
+    if (e) return contained("the call failed: " + (e.message || errorText(e)));
+    return "the call did not finish";
+  }
+
+  // A /v1/responses turn as chat messages, read as the server reads the same items: each call an
+  // assistant turn and its result a tool turn; an approval request answered by the approved call's
+  // result, or by why it did not run.
+  function chatTurns(m, messages) {
+    const results = {};
+    for (const it of m.items) {
+      if (it.type === "mcp_call" && it.approval_request_id) results[it.approval_request_id] = resultText(it);
+      if (it.type === "mcp_approval_response" && !it.approve) results[it.approval_request_id] = "not run: the user did not approve this call";
+    }
+    let text = [];
+    for (const it of m.items) {
+      if (it.type === "message") text.push(it.text);
+      else if ((it.type === "mcp_call" && !it.approval_request_id) || it.type === "mcp_approval_request") {
+        const call = { id: it.id, type: "function", function: { name: `${it.server_label}.${it.name}`, arguments: it.arguments || "" } };
+        messages.push({ role: "assistant", content: text.join("\n"), tool_calls: [call] });
+        messages.push({ role: "tool", tool_call_id: it.id,
+                        content: it.type === "mcp_call" ? resultText(it) : results[it.id] || "not run: it was not approved" });
+        text = [];
+      }
+    }
+    if (text.length) messages.push({ role: "assistant", content: text.join("\n") });
+  }
 
   function requestBody(model, text) {
     const messages = [];
@@ -182,6 +418,7 @@
     if (system) messages.push({ role: "system", content: system });
     for (const m of current.messages) {
       if (m.role === "user") messages.push({ role: "user", content: m.content });
+      else if (m.items) chatTurns(m, messages);
       else if (m.content || m.tool_calls) {
         const a = { role: "assistant", content: m.content || "" };
         if (m.tool_calls && m.tool_calls.length) a.tool_calls = m.tool_calls;
@@ -192,18 +429,50 @@
     const reasoning = $("reasoning").checked;
     const body = { model, messages, stream: true, stream_options: { include_usage: true },
                    enable_think: reasoning, reasoning_format: reasoning ? "auto" : "none" };
-    const t = parseFloat($("temperature").value);
-    if (!Number.isNaN(t)) body.temperature = t;
-    const n = parseInt($("max-tokens").value, 10);
-    if (n > 0) body.max_tokens = n;
-    const extra = $("extra").value.trim();
-    if (extra) {
-      let fields;
-      try { fields = JSON.parse(extra); } catch (e) { throw new Error("More request fields: not JSON (" + e.message + ")"); }
-      if (typeof fields !== "object" || fields === null || Array.isArray(fields)) throw new Error("More request fields: a JSON object, please");
-      Object.assign(body, fields);
+    return settingsFields(body, "max_tokens");
+  }
+
+  // One item of a /v1/responses turn as the input item that sends it back: the whole conversation
+  // goes with every request (a stored response is not needed, so a conversation outlives a restart).
+  function inputItem(it) {
+    switch (it.type) {
+      case "message": return it.text ? { role: "assistant", content: it.text } : null;
+      case "reasoning": return it.text ? { type: "reasoning", summary: [], content: [{ type: "reasoning_text", text: it.text }] } : null;
+      case "mcp_call": {
+        const x = { type: "mcp_call", id: it.id, server_label: it.server_label, name: it.name, arguments: it.arguments || "",
+                    output: it.output === undefined ? null : it.output, error: it.error || null };
+        if (it.status) x.status = it.status;
+        if (it.approval_request_id) x.approval_request_id = it.approval_request_id;
+        return x;
+      }
+      case "mcp_approval_request":
+        return { type: "mcp_approval_request", id: it.id, server_label: it.server_label, name: it.name, arguments: it.arguments || "" };
+      case "mcp_approval_response":
+        return { type: "mcp_approval_response", approval_request_id: it.approval_request_id, approve: it.approve };
+      case "function_call":
+        return it.call_id ? { type: "function_call", call_id: it.call_id, name: it.name, arguments: it.arguments || "" } : null;
+      default: return null;
     }
-    return body;
+  }
+
+  function inputItems() {
+    const items = [];
+    for (const m of current.messages) {
+      if (m.role === "user") items.push({ role: "user", content: m.content });
+      else if (m.items) for (const it of m.items) { const x = inputItem(it); if (x) items.push(x); }
+      else if (m.content) items.push({ role: "assistant", content: m.content }); // a chat answer: its text
+    }
+    return items;
+  }
+
+  function responsesBody(model, input, setup) {
+    const body = { model, input, tools: setup.tools, stream: true, store: true,
+                   reasoning: { effort: $("reasoning").checked ? "medium" : "none" } };
+    if (setup.tool_choice) body.tool_choice = setup.tool_choice;
+    if (setup.max_tool_calls) body.max_tool_calls = setup.max_tool_calls;
+    const system = $("system").value.trim();
+    if (system) body.instructions = system;
+    return settingsFields(body, "max_output_tokens");
   }
 
   // Server-sent events from a fetch body: one JSON chunk per `data:` event, `[DONE]` at the end.
@@ -240,48 +509,116 @@
     }
   }
 
-  async function send(text) {
-    const model = $("model").value;
-    if (!model) { G.banner("Choose a model first."); return; }
-    current.model = model;
-    if (!current.messages.length) current.title = text.slice(0, 40);
-    let body;
-    try { body = requestBody(model, text); } catch (e) { G.banner(e.message); return; }
-    G.banner("");
-    current.messages.push({ role: "user", content: text });
-    const m = { role: "assistant", model, content: "", state: "streaming", stats: {} };
-    current.messages.push(m);
-    save();
-    showList();
-    showMessages();
-    const node = $("messages").lastElementChild;
+  // A chat completion's stream into m; `tick()` after each chunk.
+  async function streamChat(m, body, signal, tick) {
+    const resp = await G.call("/v1/chat/completions", { json: body, signal });
+    for await (const chunk of events(resp)) {
+      if (chunk.error) throw new Error(typeof chunk.error === "string" ? chunk.error : chunk.error.message);
+      for (const c of chunk.choices || []) {
+        if (c.delta) merge(m, c.delta);
+        if (c.finish_reason) m.stats.finish_reason = c.finish_reason;
+      }
+      if (chunk.usage) {
+        m.stats.prompt_tokens = chunk.usage.prompt_tokens;
+        m.stats.completion_tokens = chunk.usage.completion_tokens;
+        const d = chunk.usage.prompt_tokens_details;
+        m.stats.cached_tokens = d ? d.cached_tokens || 0 : 0;
+      }
+      tick(!!(m.content || m.reasoning || m.tool_calls));
+    }
+  }
+
+  // An output item as the page keeps it: a message's or reasoning's parts as one text.
+  function kept(item) {
+    if (item.type === "message") {
+      return { type: "message", id: item.id, text: (item.content || []).map((p) => p.text || p.refusal || "").join("") };
+    }
+    if (item.type === "reasoning") {
+      return { type: "reasoning", id: item.id, text: (item.content || []).map((p) => p.text || "").join("") };
+    }
+    return Object.assign({}, item);
+  }
+
+  // A /v1/responses stream into m.items (appended: an approval's continuation adds to its turn).
+  async function streamResponses(m, body, signal, tick) {
+    const resp = await G.call("/v1/responses", { json: body, signal });
+    const at = {}; // output_index -> the item kept in m.items (null: a tool list, not kept)
+    let shown = false; // this response has streamed text or arguments (the time to first token)
+    const replace = (i, item) => {
+      const k = m.items.indexOf(at[i]);
+      if (k >= 0) m.items[k] = item; else m.items.push(item);
+      at[i] = item;
+    };
+    for await (const ev of events(resp)) {
+      const it = at[ev.output_index];
+      switch (ev.type) {
+        case "response.output_item.added":
+          if (ev.item.type === "mcp_list_tools") at[ev.output_index] = null;
+          else { at[ev.output_index] = kept(ev.item); m.items.push(at[ev.output_index]); }
+          break;
+        case "response.output_item.done":
+          if (ev.item.type !== "mcp_list_tools") replace(ev.output_index, kept(ev.item));
+          else if (ev.item.error) throw new Error(`MCP server ${ev.item.server_label}: ${ev.item.error}`);
+          break;
+        case "response.output_text.delta":
+        case "response.reasoning_text.delta":
+          if (it) it.text += ev.delta;
+          shown = true;
+          break;
+        case "response.mcp_call_arguments.delta":
+          if (it) it.arguments = (it.arguments || "") + ev.delta;
+          shown = true;
+          break;
+        case "response.mcp_call_arguments.done":
+          if (it) it.arguments = ev.arguments;
+          break;
+        case "response.mcp_call.completed":
+        case "response.mcp_call.failed":
+          if (it) it.status = ev.type === "response.mcp_call.completed" ? "completed" : "failed";
+          break;
+        case "response.completed":
+        case "response.incomplete": {
+          const u = ev.response.usage;
+          if (u) {
+            m.stats.prompt_tokens = u.input_tokens;
+            m.stats.completion_tokens = u.output_tokens;
+            m.stats.cached_tokens = u.input_tokens_details ? u.input_tokens_details.cached_tokens || 0 : 0;
+          }
+          if (ev.type === "response.incomplete") m.stats.finish_reason = "length";
+          break;
+        }
+        case "response.failed":
+          throw new Error((ev.response.error && ev.response.error.message) || "the response failed");
+        case "error":
+          throw new Error(ev.message || "the response failed");
+        default:
+      }
+      tick(shown);
+    }
+  }
+
+  // Runs one stream into the answer m (shown by node): Stop, painting, stats, errors, saving.
+  async function run(m, node, work) {
+    m.state = "streaming";
+    m.stats = {};
+    delete m.error;
     controller = new AbortController();
     busy(true);
+    render(node, m);
     const t0 = performance.now();
     let tFirst = null;
     let frame = 0;
     const paint = () => { frame = 0; render(node, m); scrollDown(); };
-    try {
-      const resp = await G.call("/v1/chat/completions", { json: body, signal: controller.signal });
-      for await (const chunk of events(resp)) {
-        if (chunk.error) throw new Error(typeof chunk.error === "string" ? chunk.error : chunk.error.message);
-        for (const c of chunk.choices || []) {
-          if (c.delta) merge(m, c.delta);
-          if (c.finish_reason) m.stats.finish_reason = c.finish_reason;
-        }
-        if (tFirst === null && (m.content || m.reasoning || m.tool_calls)) {
-          tFirst = performance.now();
-          m.stats.ttft_ms = tFirst - t0;
-        }
-        if (chunk.usage) {
-          m.stats.prompt_tokens = chunk.usage.prompt_tokens;
-          m.stats.completion_tokens = chunk.usage.completion_tokens;
-          const d = chunk.usage.prompt_tokens_details;
-          m.stats.cached_tokens = d ? d.cached_tokens || 0 : 0;
-        }
-        if (!frame) frame = requestAnimationFrame(paint);
+    const tick = (shown) => {
+      if (tFirst === null && shown) {
+        tFirst = performance.now();
+        m.stats.ttft_ms = tFirst - t0;
       }
-      m.state = "done";
+      if (!frame) frame = requestAnimationFrame(paint);
+    };
+    try {
+      await work(controller.signal, tick);
+      m.state = m.items && waiting(m).length ? "awaiting" : "done";
     } catch (e) {
       if (e.name === "AbortError") m.state = "stopped";
       else { m.state = "error"; m.error = e.message; if (e.status === 401) G.banner(e.message); }
@@ -298,6 +635,43 @@
       save();
       loadModels();
     }
+  }
+
+  async function send(text) {
+    const model = $("model").value;
+    if (!model) { G.banner("Choose a model first."); return; }
+    current.model = model;
+    if (!current.messages.length) current.title = text.slice(0, 40);
+    const setup = mcpSetup();
+    let body;
+    try {
+      body = setup ? responsesBody(model, [...inputItems(), { role: "user", content: text }], setup) : requestBody(model, text);
+    } catch (e) { G.banner(e.message); return; }
+    G.banner("");
+    current.messages.push({ role: "user", content: text });
+    const m = { role: "assistant", model, content: "", state: "streaming", stats: {} };
+    if (setup) { m.items = []; m.mcp = setup; }
+    current.messages.push(m);
+    save();
+    showList();
+    showMessages();
+    const node = $("messages").lastElementChild;
+    await run(m, node, (signal, tick) => (setup ? streamResponses : streamChat)(m, body, signal, tick));
+  }
+
+  // Approve or Deny an approval request of the last answer; once none waits, the answers go to the
+  // server (with the whole conversation and the same tools), and its continuation joins this turn.
+  async function answer(m, id, approve) {
+    if (controller || !waiting(m).some((it) => it.id === id)) return;
+    m.items.push({ type: "mcp_approval_response", approval_request_id: id, approve });
+    save();
+    const node = $("messages").lastElementChild;
+    if (waiting(m).length) { render(node, m); return; }
+    let body;
+    // Not forced again: an approved call runs before the model's turn (and counts in max_tool_calls).
+    const setup = { tools: m.mcp.tools, max_tool_calls: m.mcp.max_tool_calls };
+    try { body = responsesBody(m.model, inputItems(), setup); } catch (e) { G.banner(e.message); return; }
+    await run(m, node, (signal, tick) => streamResponses(m, body, signal, tick));
   }
 
   function busy(on) {
@@ -325,7 +699,9 @@
     });
     // Aborting the fetch closes the connection: the server sees the disconnect and cancels the generation.
     $("stop").addEventListener("click", () => { if (controller) controller.abort(); });
-    document.addEventListener("geniex:key", loadModels);
+    $("mcp-refresh").addEventListener("click", loadServers);
+    document.addEventListener("geniex:key", () => { loadModels(); loadServers(); });
     loadModels();
+    loadServers();
   });
 })();
