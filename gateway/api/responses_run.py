@@ -300,8 +300,10 @@ class ResponseRun:
             try:
                 for ev in await self.run_pending():
                     yield frame(ev)
-                if self.stops_after_calls() or (left := self.budget()) is not None and left <= 0:
-                    for ev in self.finish("stop" if self.stops_after_calls() else "length"):
+                left = self.budget()
+                ending = "stop" if self.stops_after_calls() else "length" if left is not None and left <= 0 else ""
+                if ending:
+                    for ev in self.finish(ending):
                         yield frame(ev)
                     return
                 self.next_request()
