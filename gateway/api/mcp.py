@@ -8,6 +8,7 @@ list its tools is shown with its error rather than failing the whole list.
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import msgspec
 from litestar import Request, Response, get
@@ -22,7 +23,7 @@ from gateway.supervisor.deadline import within
 class ServerTool(msgspec.Struct, kw_only=True):
     name: str
     description: str | None
-    input_schema: dict[str, object]
+    input_schema: dict[str, Any]
     read_only: bool
 
 

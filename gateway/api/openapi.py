@@ -20,6 +20,7 @@ import msgspec
 from litestar import Response, get
 
 from gateway.api.health import WorkerTable
+from gateway.api.mcp import McpServers
 from gateway.ops.ledger import UsageList
 from protocol import (
     anthropic,
@@ -293,6 +294,13 @@ def _ops() -> list[Op]:
             streams=True,
         ),
         Op("get", "/v1/responses/{response_id}", "A stored response", None, responses.Response),
+        Op(
+            "get",
+            "/v1/mcp/servers",
+            "The MCP servers this key may use, with their tools (docs/mcp.md)",
+            None,
+            McpServers,
+        ),
         Op("delete", "/v1/responses/{response_id}", "Delete a stored response", None, responses.Deleted),
         Op("post", "/v1/models/load", "Load a model now", models.LoadRequest, "ModelResponse"),
         Op(
