@@ -224,7 +224,8 @@ class ResponseRun:
         out = self.out
         events = out.close("incomplete" if finish_reason == "length" else "completed")
         for index in list(out.pending):
-            events += out.called(index, failed("not_run", results.NOT_RUN, "not run: the response ended first"))
+            why = "not run: the response ended first"
+            events += out.called(index, self.unrun(out.target(index).label, "not_run", results.NOT_RUN, why))
         usage = self.usage
         if self.cached:
             usage = msgspec.structs.replace(
@@ -241,8 +242,14 @@ class ResponseRun:
         except json.JSONDecodeError:
             args = None
         if not isinstance(args, dict):
-            return failed("bad_arguments", results.BAD_ARGUMENTS, "the model's arguments are not a JSON object")
+            return self.unrun(target.label, "bad_arguments", results.BAD_ARGUMENTS,
+                              "the model's arguments are not a JSON object")  # fmt: skip
         return await self.services.mcp.call(target.label, target.name, args, target.headers)
+
+    def unrun(self, label: str, outcome: str, code: int, message: str) -> Outcome:
+        """A call this response does not run, counted as the calls it runs are."""
+        self.services.metrics.mcp_call(label, outcome, 0.0)
+        return failed(outcome, code, message)
 
     async def run_pending(self) -> list[r.StreamEvent]:
         """The round's MCP calls, run at once (each server bounds its own concurrency); those over
@@ -257,8 +264,8 @@ class ResponseRun:
         for index, outcome in zip(ran, outcomes, strict=True):
             events += out.called(index, outcome)
         for index in over:
-            events += out.called(index, failed("not_run", results.NOT_RUN,
-                                               f"not run: this response reached its bound of {self.limit} MCP calls"))  # fmt: skip
+            why = f"not run: this response reached its bound of {self.limit} MCP calls"
+            events += out.called(index, self.unrun(out.target(index).label, "not_run", results.NOT_RUN, why))
         return events
 
     async def _call_item(self, index: int) -> Outcome:

@@ -173,7 +173,8 @@ class Settings(msgspec.Struct, kw_only=True):
         "caller by the label (or a hash of the key), never by the key. Over a limit: 429 with `Retry-After`, "
         "naming the limit; `rpm`/`tpm` are sliding minutes (tokens are prompt plus completion, counted as a "
         "request ends), `concurrent` counts requests in flight; per-key series in `/metrics` (`geniex:key_*`). "
-        "`manage=yes` lets a key pull, copy and delete models over HTTP (`--api-key` keys may)")] = None  # fmt: skip
+        "`manage=yes` lets a key pull, copy and delete models over HTTP (`--api-key` keys may); `mcp=a,b` names "
+        "the MCP servers of `--mcp-config` it may use (`mcp=*`: all; `--api-key` keys use all)")] = None  # fmt: skip
     metrics_key: Annotated[bool, Flag("`/metrics` needs a key too (`/health` and `/ready` never do)")] = False
     insecure_no_auth: Annotated[bool, Flag(
         "bind an address other machines can reach without any API key (refused otherwise; logged loudly)")] = False  # fmt: skip
