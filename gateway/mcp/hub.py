@@ -83,10 +83,17 @@ class _Server:
         self.starts = 0
         self.too_large = False  # the session ended on a message over the bound
 
-    def oversized(self) -> None:
-        self.too_large = True
+    def ended(self, stop: asyncio.Event, why: str) -> None:
+        """A stdio session's server stopped sending: over the bound, or its process exited (idle,
+        or mid-call). Its session ends (`stop`: that session's own), and the next call starts the
+        server again, instead of failing on a dead pipe."""
+        if why == "too_large":
+            self.too_large = True
+        stop.set()
+        if stop is self.stop:
+            self.client = None
 
-    def new_client(self, headers: dict[str, str] | None = None) -> Client:
+    def new_client(self, headers: dict[str, str] | None = None, stop: asyncio.Event | None = None) -> Client:
         # The SDK is imported on first use: it costs about a second of the gateway's start.
         from mcp import Client
         from mcp.types import Implementation
@@ -94,15 +101,16 @@ class _Server:
         c = self.config
         server: Any
         if c.transport == "stdio":
+            ended = stop or asyncio.Event()
             server = bounded_stdio(c.command, list(c.args), c.env, c.cwd, self.max_message_bytes, c.label,
-                                   self.oversized)  # fmt: skip
+                                   lambda why: self.ended(ended, why))  # fmt: skip
         else:
             server = _http(c.url, {**c.headers, **(headers or {})}, self.max_message_bytes)
         return Client(server, client_info=Implementation(name="geniex", version="1"), cache=None)
 
     async def connected(self) -> Client:
         async with self.lock:
-            if self.client is not None and self.task is not None and not self.task.done():
+            if self.client is not None and not self.stop.is_set() and self.task is not None and not self.task.done():
                 return self.client
             wait = self.retry_at - time.monotonic()
             if wait > 0:
@@ -129,19 +137,21 @@ class _Server:
 
     async def _run(self, up: asyncio.Future[Client]) -> None:
         """Holds the session open (its context lives in this one task) until told to stop."""
+        stop = self.stop
         try:
-            async with self.new_client() as client:
+            async with self.new_client(stop=stop) as client:
                 self.client = client
                 up.set_result(client)
-                await self.stop.wait()
+                await stop.wait()
         except BaseException as exc:  # noqa: BLE001 - a server's failure is the server's, never the gateway's
             if not up.done():
                 up.set_exception(Exception(_why(exc)))
             elif not isinstance(exc, asyncio.CancelledError):
                 log.warning("MCP server session ended", server=self.config.label, error=_why(exc))
         finally:
-            self.client = None
-            self.listing = None
+            if stop is self.stop:  # not a later session's
+                self.client = None
+                self.listing = None
 
     def _failed(self) -> None:
         self.failures += 1

@@ -25,8 +25,9 @@ STOP_GRACE_S = 2.0  # after stdin closes, before SIGTERM; as long again before S
 
 @contextlib.asynccontextmanager
 async def bounded_stdio(command: str, args: list[str], env: dict[str, str], cwd: str | None, max_bytes: int,
-                        label: str, on_oversize: Callable[[], None]) -> AsyncIterator[tuple[Any, Any]]:  # fmt: skip
-    """`on_oversize` is called when a message over `max_bytes` ends the transport."""
+                        label: str, on_end: Callable[[str], None]) -> AsyncIterator[tuple[Any, Any]]:  # fmt: skip
+    """`on_end` is told why the server's output ended: "too_large" (a message over `max_bytes`:
+    the transport stops the server) or "exited" (its stdout closed, as when the process exits)."""
     from mcp.client.stdio import get_default_environment
     from mcp.shared.message import SessionMessage
     from mcp_types.jsonrpc import jsonrpc_message_adapter
@@ -62,8 +63,9 @@ async def bounded_stdio(command: str, args: list[str], env: dict[str, str], cwd:
                     if len(pending) > max_bytes:
                         log.warning("MCP server sent a message over the bound; it is stopped", server=label,
                                     bound_bytes=max_bytes)  # fmt: skip
-                        on_oversize()
+                        on_end("too_large")
                         return  # the read side closes: the session's calls fail, the hub restarts the server
+                on_end("exited")
 
     async def writer() -> None:
         assert process.stdin is not None
