@@ -146,22 +146,19 @@ def test_a_failing_tool_shows_its_error(web: Browsing, chat: Any) -> None:
     assert call.locator(".mcp-output").count() == 0
 
 
-def test_with_the_server_off_the_conversation_goes_on_as_a_chat(web: Browsing, chat: Any) -> None:
-    # The calls above go to /v1/chat/completions as assistant and tool turns.
+def test_with_the_server_off_the_conversation_goes_on_without_tools(web: Browsing, chat: Any) -> None:
+    # The calls above go back to /v1/responses as the items they came as; no tool is offered now.
     use_calc(chat, on=False)
     expect(chat.locator("#mcp-count")).to_have_text("")
     chat.posted.clear()
     answer = send(chat, "Thanks. And what is 2 plus 3 plus 1?")
     expect(answer).to_have_attribute("data-state", "done", timeout=LONG)
     path, body = chat.posted[-1]
-    assert path == "/v1/chat/completions"
-    roles = [m["role"] for m in body["messages"]]
-    assert roles[:4] == ["user", "assistant", "tool", "assistant"] and roles.count("tool") == 2, roles
-    assert roles[-1] == "user" and roles.count("user") == 3, roles
-    assert body["messages"][1]["tool_calls"][0]["function"]["name"] == "calc.add"
-    # The failed call's turn says what the model read on /v1/responses.
-    results = [m["content"] for m in body["messages"] if m["role"] == "tool"]
-    assert results[1].startswith("the tool failed: ") and results[1].endswith("the tool failed on purpose"), results
+    assert path == "/v1/responses" and body["tools"] == [] and "tool_choice" not in body
+    kinds = [item.get("type", item.get("role")) for item in body["input"]]
+    assert kinds.count("mcp_call") == 2 and kinds[-1] == "user", kinds
+    calls = [item for item in body["input"] if item.get("type") == "mcp_call"]
+    assert calls[0]["name"] == "add" and calls[1]["error"]["type"] == "mcp_tool_execution_error"
     assert answer.locator(".answer-body").inner_text().strip()
 
 

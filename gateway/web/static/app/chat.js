@@ -2,7 +2,8 @@
 // MCP server switched on (the "Tools" panel, from GET /v1/mcp/servers), the conversation goes
 // through /v1/responses instead, with an `mcp` tool per server: the server runs the model's calls,
 // and the page shows each call (server, tool, arguments, output or error) and asks the person
-// before running a call whose server needs approval.
+// before running a call whose server needs approval. A conversation with MCP turns stays on
+// /v1/responses after its servers are switched off, so the server reads its own calls back.
 // Model output reaches the DOM only through render(): marked with raw HTML escaped to text,
 // then DOMPurify; what MCP servers and tools say is set as text (G.el) and never parsed as HTML.
 // The page's CSP forbids inline and foreign scripts besides.
@@ -374,51 +375,12 @@
     return body;
   }
 
-  // A tool's text is a third party's: the spellings of chat templates' special tokens in it are
-  // broken with a zero-width joiner, so that it stays text in the tool's turn (as the server does
-  // for /v1/responses: gateway/mcp/results.py, `contained`).
-  const SPECIAL = /<\||\|>|<s>|<\/s>|\[INST\]|\[\/INST\]|<think>|<\/think>/g;
-  function contained(text) { return text.replace(SPECIAL, (t) => t[0] + "\u200d" + t.slice(1)); }
-
-  // An MCP call's result as the model read it, for a chat request (the server's wording, `for_model`).
-  function resultText(it) {
-    if (it.output !== null && it.output !== undefined) return contained(it.output);
-    const e = it.error;
-    if (e && e.type === "mcp_tool_execution_error") return contained("the tool failed: " + errorText({ content: e.content }));
-    if (e) return contained("the call failed: " + (e.message || errorText(e)));
-    return "the call did not finish";
-  }
-
-  // A /v1/responses turn as chat messages, read as the server reads the same items: each call an
-  // assistant turn and its result a tool turn; an approval request answered by the approved call's
-  // result, or by why it did not run.
-  function chatTurns(m, messages) {
-    const results = {};
-    for (const it of m.items) {
-      if (it.type === "mcp_call" && it.approval_request_id) results[it.approval_request_id] = resultText(it);
-      if (it.type === "mcp_approval_response" && !it.approve) results[it.approval_request_id] = "not run: the user did not approve this call";
-    }
-    let text = [];
-    for (const it of m.items) {
-      if (it.type === "message") text.push(it.text);
-      else if ((it.type === "mcp_call" && !it.approval_request_id) || it.type === "mcp_approval_request") {
-        const call = { id: it.id, type: "function", function: { name: `${it.server_label}.${it.name}`, arguments: it.arguments || "" } };
-        messages.push({ role: "assistant", content: text.join("\n"), tool_calls: [call] });
-        messages.push({ role: "tool", tool_call_id: it.id,
-                        content: it.type === "mcp_call" ? resultText(it) : results[it.id] || "not run: it was not approved" });
-        text = [];
-      }
-    }
-    if (text.length) messages.push({ role: "assistant", content: text.join("\n") });
-  }
-
   function requestBody(model, text) {
     const messages = [];
     const system = $("system").value.trim();
     if (system) messages.push({ role: "system", content: system });
     for (const m of current.messages) {
       if (m.role === "user") messages.push({ role: "user", content: m.content });
-      else if (m.items) chatTurns(m, messages);
       else if (m.content || m.tool_calls) {
         const a = { role: "assistant", content: m.content || "" };
         if (m.tool_calls && m.tool_calls.length) a.tool_calls = m.tool_calls;
@@ -642,7 +604,9 @@
     if (!model) { G.banner("Choose a model first."); return; }
     current.model = model;
     if (!current.messages.length) current.title = text.slice(0, 40);
-    const setup = mcpSetup();
+    // A conversation with MCP turns stays on /v1/responses (with no tools once its servers are off):
+    // the server reads its calls back as it wrote them, results contained as the model first read them.
+    const setup = mcpSetup() || (current.messages.some((m) => m.items) ? { tools: [] } : null);
     let body;
     try {
       body = setup ? responsesBody(model, [...inputItems(), { role: "user", content: text }], setup) : requestBody(model, text);
