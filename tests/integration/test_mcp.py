@@ -11,12 +11,13 @@ import re
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
 import openai
+import psutil
 import pytest
 
 from tests.conftest import MODEL
@@ -289,3 +290,25 @@ def test_a_server_that_exits_mid_call_fails_that_call_and_is_started_again(clien
         return  # an HTTP server is the operator's to restart; the gateway only reconnects to it
     again = call_of(ask(client, "Which process?", {**tool, "allowed_tools": ["pid"]}, "pid"))
     assert again.status == "completed" and again.output != first, "a new process"
+
+
+def test_stdio_servers_stop_with_the_gateway_and_a_bad_config_stops_the_start(
+        tmp_path: Path, start: Callable[..., ServerProcess]) -> None:  # fmt: skip
+    config = tmp_path / "mcp.json"
+    config.write_text(
+        json.dumps({"mcpServers": {"calc": {"command": sys.executable, "args": [str(TEST_SERVER), "stdio"]}}})
+    )
+    srv = start("--mcp-config", str(config))
+    listed = httpx.get(f"{srv.base_url}/v1/mcp/servers", timeout=60).json()["data"]
+    assert listed[0]["server_label"] == "calc" and listed[0]["error"] is None, "listing started it"
+    children = [p for p in psutil.Process(srv.proc.pid).children(recursive=True)
+                if str(TEST_SERVER) in " ".join(p.cmdline())]  # fmt: skip
+    assert len(children) == 1
+    assert srv.stop() == 0
+    _, alive = psutil.wait_procs(children, timeout=10)
+    assert not alive, "the MCP server outlived the gateway"
+    config.write_text(json.dumps({"mcpServers": {"old": {"type": "sse", "url": "http://127.0.0.1:9/sse"}}}))
+    bad = subprocess.run([sys.executable, "-m", "gateway.cli", "serve", "--host", f"127.0.0.1:{free_port()}",
+                          "--data-dir", str(tmp_path / "d"), "--mcp-config", str(config)],
+                         capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert bad.returncode != 0 and "error: --mcp-config" in bad.stderr and "SSE transport" in bad.stderr, bad.stderr
