@@ -17,23 +17,18 @@ def check_name(name: str) -> None:
 
 
 def resolve(services: Services, name: str) -> ModelEntry:
-    """The model `name` means on Ollama's routes."""
+    """The model `name` means on Ollama's routes: the name, then without `:latest` or `hf.co/`,
+    then as a short name."""
     check_name(name)
-    try:
-        return services.store.resolve(name)
-    except ModelNotFound as exc:
-        if exc.code == "model_disabled":
-            raise
-    plain = plain_name(name)
-    if plain != name:
+    for tried in dict.fromkeys((name, plain_name(name))):
         try:
-            return services.store.resolve(plain)
+            return services.store.resolve(tried)
         except ModelNotFound as exc:
             if exc.code == "model_disabled":
                 raise
     found = pick(short_matches(services.store.entries(), name), name)
     if isinstance(found, ModelEntry):
-        return services.store.resolve(found.id)
+        return services.store.resolve(found.id)  # the models file may disable it
     hint = f": {found}" if found else "; `GET /api/tags` lists the models here"
     raise ModelNotFound(f'model "{name[:200]}" not found{hint}')
 
