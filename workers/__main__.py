@@ -14,6 +14,9 @@ skip_rich()  # before structlog is imported, below
 # onnxruntime (the ONNX, OCR, speech and diarization engines) otherwise looks up Microsoft's
 # telemetry host from Linux during session.run (seen with strace): a local server sends nothing out.
 os.environ.setdefault("ORT_DISABLE_TELEMETRY", "1")
+# A worker never reaches a model hub (models are pulled by the gateway): set before any engine
+# imports huggingface_hub (faster-whisper, diffusers), which reads it once, at import.
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from protocol import worker_args  # noqa: E402
 from protocol.logs import configure_logging  # noqa: E402

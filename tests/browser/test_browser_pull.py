@@ -33,12 +33,10 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     with HubDouble(repos) as hub:
         hub.throttle("acme/Tiny-GGUF", "Tiny-Q4_0.gguf", chunk=128 << 10, delay=0.03)
         hub.throttle("acme/Slow-GGUF", "Slow-Q4_0.gguf", chunk=32 << 10, delay=0.03)
-        # HF_HUB_OFFLINE off: a test process that imported workers/engines/whisper.py has it set
         env = {
             "HF_ENDPOINT": hub.url,
             "HF_HOME": str(base / "hf"),
             "HF_HUB_DISABLE_TELEMETRY": "1",
-            "HF_HUB_OFFLINE": "0",
         }
         with serving(base / "data", env=env) as srv:
             yield srv

@@ -53,9 +53,7 @@ def hub() -> Iterator[HubDouble]:
 
 
 def hub_env(hub: HubDouble, base: Path) -> dict[str, str]:
-    # HF_HUB_OFFLINE off: a test process that imported workers/engines/whisper.py has it set in os.environ
-    return {"HF_ENDPOINT": hub.url, "HF_HOME": str(base / "hf"), "HF_HUB_DISABLE_TELEMETRY": "1", "HF_TOKEN": "",
-            "HF_HUB_OFFLINE": "0"}  # fmt: skip
+    return {"HF_ENDPOINT": hub.url, "HF_HOME": str(base / "hf"), "HF_HUB_DISABLE_TELEMETRY": "1", "HF_TOKEN": ""}
 
 
 @pytest.fixture(scope="module")

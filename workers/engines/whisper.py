@@ -20,10 +20,6 @@ from __future__ import annotations
 
 import io
 import os
-
-# Before faster-whisper imports huggingface_hub: this process never reaches a model hub.
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-
 import time
 from collections import deque
 from collections.abc import Iterator
