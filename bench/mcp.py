@@ -20,17 +20,36 @@ reach). Each round asks SmolLM2 "What is 2 plus 3?" with the tool forced and `ma
   server label with description "MCP server LABEL": the model then sees `LABEL.add`, "(MCP server
   LABEL) Add two integers.", exactly what the server offers for the MCP tool, so the two prompts
   and generations are token for token the same, and the ratio is the MCP machinery alone. The
-  plain `add` of `client` is a different prompt (and the model writes a shorter name in its call).
+  plain `add` of `client` is a different prompt: the model writes a shorter name in its call and
+  may answer otherwise (it does here: bench/README.md), which the report says.
 
-Every turn is capped at `--max-output-tokens` (the server applies `max_output_tokens` to each of
-its turns). Rounds alternate the variants (the order reverses every round) after a warm-up, so
-drift in the machine's load hits all alike. Per variant it reports the median and p90 wall time
-of the whole round, the ratio of the server's to each client baseline (medians, and the median
-of per-round ratios), the tokens (input and output, summed over both turns) and the answer text
-of every round, checked equal where they should be. The tool's own time: the server's
-(`geniex:mcp_call_seconds` on /metrics, read between rounds, also checked against the `MCP call`
-log lines) against the client's `call_tool` time. With `--busy N` (default 1) it all runs again
-with N spinning processes beside the server (bench/contention.py's neighbour).
+Both variants are capped at `--max-output-tokens` in all: the server's `max_output_tokens` bounds
+the whole response (its second turn gets what the first left), and the client's second request
+gets what its first left (64 lets both turns end by themselves). Rounds interleave the variants
+after a warm-up, in an order that rotates and reverses every round, so drift in the machine's
+load hits all alike and no variant runs twice in a row (the second would find its whole prompt in
+the worker's cache). Every request carries an `x-request-id` of the bench's own, so that the server's log gives each round's
+model time: the worker's `generation done` seconds of its turns. Per variant it reports the
+median and p90 of:
+
+- wall: the whole round at the client;
+- wall - model: the round less the model's generations: HTTP, the SDKs, the gateway's planning
+  and rendering, the stored response looked up by `previous_response_id`, and the tool's call.
+  The model's time swings by tens of percent between rounds on a shared box and buries the rest;
+  this is the figure that shows what running the call in the server costs or saves;
+- in gw, out: wall - model split in two by the gateway's `request` log lines: the gateway's own
+  time less the model's (with the server's call in it), and the time outside the gateway (the
+  client's SDK, HTTP, and the client's call);
+- tool: the server's call time (`geniex:mcp_call_seconds` on /metrics, read between rounds; the
+  `MCP call` log lines' `seconds` are in the JSON too) against the client's own `call_tool` time;
+- the gateway process's CPU time per round (mean: psutil's times tick in 10 ms);
+
+the ratio server / client of the wall times (of the medians, and the median of per-round
+ratios), the paired median difference of wall - model, and the tokens (input, cached input,
+output, summed over both turns) and the answer text, checked equal where they should be. With
+`--busy N` (default 1) it all runs again with N spinning processes beside the server
+(bench/contention.py's neighbour; 0: no busy phase). Everything, every round included, goes to
+`--json` (default bench/results/mcp.json).
 """
 
 from __future__ import annotations
@@ -58,6 +77,7 @@ if str(REPO) not in sys.path:
 
 import httpx
 import openai
+import psutil
 
 from bench.contention import Hogs
 from bench.launcher import Server, free_port
@@ -70,7 +90,7 @@ TEST_SERVER = REPO / "tests" / "mcp_test_server.py"
 LABELS = {"stdio": "calc", "http": "calc_http"}
 
 Result = dict[str, Any]
-Variant = Callable[[], Awaitable[Result]]
+Variant = Callable[[str], Awaitable[Result]]
 
 
 @contextlib.asynccontextmanager
@@ -117,18 +137,25 @@ def usage_of(resp: Any) -> tuple[int, int, int]:
     return u.input_tokens, u.output_tokens, u.input_tokens_details.cached_tokens if u.input_tokens_details else 0
 
 
-def server_variant(oa: openai.AsyncOpenAI, http: httpx.AsyncClient, base: str, label: str, cap: int) -> Variant:
+def cpu_of(proc: psutil.Process) -> Callable[[], float]:
+    return lambda: sum(proc.cpu_times()[:2])
+
+
+def server_variant(oa: openai.AsyncOpenAI, http: httpx.AsyncClient, base: str, label: str, cap: int,
+                   gateway_cpu: Callable[[], float]) -> Variant:  # fmt: skip
     body: dict[str, Any] = {
         "model": MODEL, "input": QUESTION, "temperature": 0, "max_output_tokens": cap, "max_tool_calls": 1,
         "tools": [{"type": "mcp", "server_label": label, "allowed_tools": [TOOL], "require_approval": "never"}],
         "tool_choice": {"type": "mcp", "server_label": label, "name": TOOL},
     }  # fmt: skip
 
-    async def run() -> Result:
+    async def run(rid: str) -> Result:
         before = mcp_seconds((await http.get(f"{base}/metrics")).text, label)
+        c0 = gateway_cpu()
         t0 = time.perf_counter()
-        resp = await oa.responses.create(**body)
+        resp = await oa.responses.create(**body, extra_headers={"x-request-id": rid})
         wall = time.perf_counter() - t0
+        cpu = gateway_cpu() - c0
         after = mcp_seconds((await http.get(f"{base}/metrics")).text, label)
         calls = [o for o in resp.output if o.type == "mcp_call"]
         listed = [o for o in resp.output if o.type == "mcp_list_tools"]
@@ -140,15 +167,16 @@ def server_variant(oa: openai.AsyncOpenAI, http: httpx.AsyncClient, base: str, l
             problems.append(f"{len(listed)} mcp_list_tools items")
         if after[1] - before[1] != 1:
             problems.append(f"{after[1] - before[1]} calls counted on /metrics")
-        return {"wall_s": wall, "tool_s": after[0] - before[0], "input_tokens": inp, "output_tokens": out,
-                "cached_tokens": cached, "text": resp.output_text, "arguments": calls[0].arguments if calls else None,
-                "tool_output": calls[0].output if calls else None, "status": resp.status,
-                "problems": problems}  # fmt: skip
+        return {"ids": [rid], "wall_s": wall, "gateway_cpu_s": cpu, "tool_s": after[0] - before[0], "input_tokens": inp,
+                "output_tokens": out, "cached_tokens": cached, "text": resp.output_text,
+                "arguments": calls[0].arguments if calls else None, "tool_output": calls[0].output if calls else None,
+                "status": resp.status, "problems": problems}  # fmt: skip
 
     return run
 
 
-def client_variant(oa: openai.AsyncOpenAI, session: Any, tool: Any, label: str | None, cap: int) -> Variant:
+def client_variant(oa: openai.AsyncOpenAI, session: Any, tool: Any, label: str | None, cap: int,
+                   gateway_cpu: Callable[[], float]) -> Variant:  # fmt: skip
     """`label` None: a plain function `add`; else the function in a namespace named `label`."""
     fn: dict[str, Any] = {"type": "function", "name": tool.name, "description": tool.description,
                           "parameters": tool.input_schema}  # fmt: skip
@@ -161,113 +189,169 @@ def client_variant(oa: openai.AsyncOpenAI, session: Any, tool: Any, label: str |
     first: dict[str, Any] = {"model": MODEL, "input": QUESTION, "temperature": 0, "max_output_tokens": cap,
                              "tools": tools, "tool_choice": choice}  # fmt: skip
 
-    async def run() -> Result:
+    async def run(rid: str) -> Result:
+        ids = [f"{rid}-1", f"{rid}-2"]
+        c0 = gateway_cpu()
         t0 = time.perf_counter()
-        resp = await oa.responses.create(**first)
+        resp = await oa.responses.create(**first, extra_headers={"x-request-id": ids[0]})
         calls = [o for o in resp.output if o.type == "function_call"]
         problems = [] if len(calls) == 1 else [f"{len(calls)} function calls in the first turn"]
         if not calls:
-            return {"wall_s": time.perf_counter() - t0, "problems": problems}
+            return {"ids": ids[:1], "wall_s": time.perf_counter() - t0, "problems": problems}
         call = calls[0]
         try:
             arguments = json.loads(call.arguments or "{}")
         except ValueError:
-            return {"wall_s": time.perf_counter() - t0, "problems": [f"arguments cut or malformed: {call.arguments}"]}
-        t1 = time.perf_counter()
+            return {"ids": ids[:1], "wall_s": time.perf_counter() - t0,
+                    "problems": [f"arguments cut or malformed: {call.arguments}"]}  # fmt: skip
+        t1, p1 = time.perf_counter(), time.process_time()
         result = await session.call_tool(call.name, arguments)
-        t2 = time.perf_counter()
-        tool_s = t2 - t1
+        t2, p2 = time.perf_counter(), time.process_time()
         text = "\n".join(b.text for b in result.content if getattr(b, "type", "") == "text")
         if not text and result.structured_content is not None:
             text = json.dumps(result.structured_content, ensure_ascii=False)
         if result.is_error:
             problems.append(f"the tool failed: {text}")
+        # The server's `max_output_tokens` bounds the whole response: its second turn gets what
+        # the first left, and so does the client's second request.
+        left = cap - usage_of(resp)[1]
         second: dict[str, Any] = {"model": MODEL, "previous_response_id": resp.id, "temperature": 0,
-                                  "max_output_tokens": cap, "tools": tools, "tool_choice": "none",
+                                  "max_output_tokens": left, "tools": tools, "tool_choice": "none",
                                   "input": [{"type": "function_call_output", "call_id": call.call_id, "output": text}]}  # fmt: skip
-        resp2 = await oa.responses.create(**second)
+        resp2 = await oa.responses.create(**second, extra_headers={"x-request-id": ids[1]})
         t3 = time.perf_counter()
-        wall = t3 - t0
+        cpu = gateway_cpu() - c0
         (i1, o1, c1), (i2, o2, c2) = usage_of(resp), usage_of(resp2)
-        return {"wall_s": wall, "tool_s": tool_s, "input_tokens": i1 + i2, "output_tokens": o1 + o2,
+        return {"ids": ids, "wall_s": t3 - t0, "gateway_cpu_s": cpu, "tool_s": t2 - t1, "tool_cpu_s": p2 - p1, "input_tokens": i1 + i2, "output_tokens": o1 + o2,
                 "cached_tokens": c1 + c2, "text": resp2.output_text, "arguments": call.arguments,
-                "tool_output": text, "status": resp2.status, "turn1_s": t1 - t0, "turn2_s": t3 - t2,
-                "problems": problems}  # fmt: skip
+                "tool_output": text, "status": resp2.status, "problems": problems}  # fmt: skip
 
     return run
 
 
-async def measure(variants: dict[str, Variant], reps: int, warmup: int) -> dict[str, list[Result]]:
+def order(names: list[str], i: int) -> list[str]:
+    """Round i's order: rotated by i, reversed every other round. No variant runs twice in a row
+    (back to back, the second would find its whole prompt in the worker's cache) and each follows
+    different ones from round to round."""
+    k = i % len(names)
+    turned = names[k:] + names[:k]
+    return turned if i % 2 == 0 else turned[::-1]
+
+
+async def measure(variants: dict[str, Variant], reps: int, warmup: int, phase: str) -> dict[str, list[Result]]:
+    """`warmup` rounds of each, then `reps` rounds. Each round's requests carry ids of the bench's
+    own (x-request-id), to find their lines in the server's log."""
     names = list(variants)
-    for _ in range(warmup):
+    for w in range(warmup):
         for name in names:
-            await variants[name]()
+            await variants[name](f"warm-{phase}-{name}-{w}")
     got: dict[str, list[Result]] = {n: [] for n in names}
     for i in range(reps):
-        for name in names if i % 2 == 0 else names[::-1]:
-            got[name].append(await variants[name]())
+        for name in order(names, i):
+            got[name].append(await variants[name](f"{phase}-{name}-{i}"))
     return got
 
 
-def _ms(values: Iterable[float | None]) -> float | None:
+def from_log(events: list[dict[str, Any]], phases: dict[str, dict[str, list[Result]]]) -> None:
+    """Each round's model time (the worker's `generation done` seconds, summed over its turns), the
+    gateway's own time (its `request` lines' ms) and the tool's time as the gateway logged it."""
+    gen: dict[str, float] = {}
+    gw: dict[str, float] = {}
+    tool: dict[str, float] = {}
+    for e in events:
+        rid, ev = e.get("request_id"), e.get("event")
+        if not isinstance(rid, str):
+            continue
+        if ev == "generation done":
+            gen[rid] = gen.get(rid, 0.0) + float(e["seconds"])
+        elif ev == "request" and e.get("path") == "/v1/responses":
+            gw[rid] = gw.get(rid, 0.0) + float(e["ms"]) / 1000
+        elif ev == "MCP call":
+            tool[rid] = tool.get(rid, 0.0) + float(e["seconds"])
+    for got in phases.values():
+        for rounds in got.values():
+            for r in rounds:
+                ids = r["ids"]
+                if all(i in gen for i in ids):
+                    r["model_s"] = sum(gen[i] for i in ids)
+                    r["off_model_s"] = r["wall_s"] - r["model_s"]
+                if all(i in gw for i in ids):
+                    r["gateway_s"] = sum(gw[i] for i in ids)
+                    r["outside_gateway_s"] = r["wall_s"] - r["gateway_s"]
+                    if "model_s" in r:
+                        r["gateway_off_model_s"] = r["gateway_s"] - r["model_s"]
+                if any(i in tool for i in ids):
+                    r["tool_log_s"] = sum(tool.get(i, 0.0) for i in ids)
+
+
+def _ms(values: Iterable[float | None], q: float = 50) -> float | None:
     xs = [v for v in values if v is not None]
-    return round(statistics.median(xs) * 1000, 1) if xs else None
+    return round((pct(xs, q) or 0.0) * 1000, 2) if xs else None
 
 
 def summarise(got: dict[str, list[Result]], pairs: list[tuple[str, str]]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for name, rounds in got.items():
-        walls = [r["wall_s"] for r in rounds]
-        tools = [r["tool_s"] for r in rounds if "tool_s" in r]
-        out[name] = {
-            "median_ms": round(statistics.median(walls) * 1000, 1), "p90_ms": round((pct(walls, 90) or 0.0) * 1000, 1),
-            "tool_median_ms": round(statistics.median(tools) * 1000, 2) if tools else None,
-            "tool_p90_ms": round((pct(tools, 90) or 0.0) * 1000, 2) if tools else None,
+        v: dict[str, Any] = {}
+        keys = ("wall_s", "off_model_s", "model_s", "gateway_s", "gateway_off_model_s", "outside_gateway_s", "tool_s",
+                "tool_log_s", "tool_cpu_s")  # fmt: skip
+        for key in keys:
+            v[key.removesuffix("_s") + "_median_ms"] = _ms(r.get(key) for r in rounds)
+            v[key.removesuffix("_s") + "_p90_ms"] = _ms((r.get(key) for r in rounds), 90)
+        # psutil's CPU times tick in 10 ms: a mean over the rounds, not a median of ticks.
+        v["gateway_cpu_mean_ms"] = round(statistics.mean(r["gateway_cpu_s"] for r in rounds) * 1000, 1)
+        v |= {
             "output_tokens": sorted({r.get("output_tokens") for r in rounds}, key=str),
             "input_tokens": sorted({r.get("input_tokens") for r in rounds}, key=str),
-            "turn1_median_ms": _ms(r.get("turn1_s") for r in rounds),
-            "turn2_median_ms": _ms(r.get("turn2_s") for r in rounds),
             "cached_tokens_median": statistics.median(r.get("cached_tokens", 0) for r in rounds),
             "texts": sorted({r.get("text") for r in rounds}, key=str),
             "arguments": sorted({r.get("arguments") for r in rounds}, key=str),
             "tool_outputs": sorted({r.get("tool_output") for r in rounds}, key=str),
             "statuses": sorted({r.get("status") for r in rounds}, key=str),
             "problems": [p for r in rounds for p in r["problems"]],
-            "all_ms": [round(w * 1000, 1) for w in walls],
+            "rounds": [{k: round(x, 4) if isinstance(x, float) else x for k, x in r.items()} for r in rounds],
         }  # fmt: skip
+        out[name] = v
     for srv, cli in pairs:
-        a, b = got[srv], got[cli]
+        a, b, sa, sb = got[srv], got[cli], out[srv], out[cli]
         paired = [x["wall_s"] / y["wall_s"] for x, y in zip(a, b, strict=True)]
-        same = out[srv]["output_tokens"] == out[cli]["output_tokens"] and out[srv]["texts"] == out[cli]["texts"]
+        off = [x["off_model_s"] - y["off_model_s"] for x, y in zip(a, b, strict=True)
+               if "off_model_s" in x and "off_model_s" in y]  # fmt: skip
         out[f"{srv} / {cli}"] = {
-            "ratio_of_medians": round(out[srv]["median_ms"] / out[cli]["median_ms"], 3),
-            "median_paired_ratio": round(statistics.median(paired), 3),
-            "difference_ms": round(out[srv]["median_ms"] - out[cli]["median_ms"], 1),
-            "same_tokens_and_text": same,
-            "same_input_tokens": out[srv]["input_tokens"] == out[cli]["input_tokens"],
+            "wall_ratio_of_medians": round(sa["wall_median_ms"] / sb["wall_median_ms"], 3),
+            "wall_paired_ratio": round(statistics.median(paired), 3),
+            "off_model_difference_ms": _ms(off),
+            "same_tokens_and_text": sa["output_tokens"] == sb["output_tokens"] and sa["texts"] == sb["texts"],
+            "same_input_tokens": sa["input_tokens"] == sb["input_tokens"],
         }  # fmt: skip
     return out
 
 
+def _f(x: float | None, width: int, digits: int = 0) -> str:
+    return f"{x:{width}.{digits}f}" if x is not None else " " * (width - 1) + "-"
+
+
 def report(phase: str, s: dict[str, Any], pairs: list[tuple[str, str]]) -> None:
-    print(f"--- {phase}")
-    print(f"{'variant':16s} {'median ms':>9s} {'p90 ms':>8s} {'tool ms':>8s} {'tool p90':>8s} {'turns ms':>13s} "
-          "tokens in (cached)/out  answer")  # fmt: skip
+    print(f"--- {phase}: medians (p90) in ms")
+    print(f"{'variant':16s} {'wall':>12s} {'wall - model':>12s} {'model':>6s} {'in gw':>5s} {'out':>5s} {'tool':>13s} "
+          f"{'gw CPU':>6s} {'call CPU':>8s}  "
+          "tokens in (cached)/out, answer")  # fmt: skip
     for name, v in s.items():
         if " / " in name:
             continue
-        tool = f"{v['tool_median_ms']:8.2f} {v['tool_p90_ms']:8.2f}" if v["tool_median_ms"] is not None else " " * 17
-        turns = f"{v['turn1_median_ms']:6.0f} {v['turn2_median_ms']:6.0f}" if v["turn1_median_ms"] else " " * 13
-        print(f"{name:16s} {v['median_ms']:9.1f} {v['p90_ms']:8.1f} {tool} {turns} {v['input_tokens']} "
-              f"({v['cached_tokens_median']:g})/{v['output_tokens']}  {v['texts']!r}")  # fmt: skip
+        print(f"{name:16s} {_f(v['wall_median_ms'], 5)} ({_f(v['wall_p90_ms'], 4)}) "
+              f"{_f(v['off_model_median_ms'], 5)} ({_f(v['off_model_p90_ms'], 4)}) {_f(v['model_median_ms'], 6)} "
+              f"{_f(v['gateway_off_model_median_ms'], 5, 1)} {_f(v['outside_gateway_median_ms'], 5, 1)} "
+              f"{_f(v['tool_median_ms'], 5, 2)} ({_f(v['tool_p90_ms'], 5, 2)}) {_f(v['gateway_cpu_mean_ms'], 6, 1)} {_f(v['tool_cpu_median_ms'], 8, 2)}  "
+              f"{v['input_tokens']} ({v['cached_tokens_median']:g})/{v['output_tokens']}, {v['texts']!r}")  # fmt: skip
         for p in sorted(set(v["problems"])):
             print(f"    PROBLEM: {p}")
     for srv, cli in pairs:
         r = s[f"{srv} / {cli}"]
         note = "same tokens and text" if r["same_tokens_and_text"] else "NOT the same tokens or text"
         note += ", same prompt tokens" if r["same_input_tokens"] else ", other prompt tokens"
-        print(f"{srv} / {cli}: {r['ratio_of_medians']:.3f} (medians), {r['median_paired_ratio']:.3f} (paired), "
-              f"{r['difference_ms']:+.1f} ms; {note}")  # fmt: skip
+        print(f"{srv} / {cli}: wall {r['wall_ratio_of_medians']:.3f} (medians), {r['wall_paired_ratio']:.3f} "
+              f"(paired); wall - model {_f(r['off_model_difference_ms'], 1, 1)} ms (paired median); {note}")  # fmt: skip
 
 
 async def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -296,28 +380,31 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         for transport, session in sessions.items():
             label = LABELS[transport]
             tool = next(t for t in (await session.list_tools()).tools if t.name == TOOL)
-            variants[f"server-{transport}"] = server_variant(oa, http, srv.base_url, label, args.max_output_tokens)
-            variants[f"client-{transport}"] = client_variant(oa, session, tool, None, args.max_output_tokens)
-            variants[f"client-ns-{transport}"] = client_variant(oa, session, tool, label, args.max_output_tokens)
+            cap, cpu = args.max_output_tokens, cpu_of(psutil.Process(srv.proc.pid))
+            variants[f"server-{transport}"] = server_variant(oa, http, srv.base_url, label, cap, cpu)
+            variants[f"client-{transport}"] = client_variant(oa, session, tool, None, cap, cpu)
+            variants[f"client-ns-{transport}"] = client_variant(oa, session, tool, label, cap, cpu)
             pairs += [(f"server-{transport}", f"client-{transport}"), (f"server-{transport}", f"client-ns-{transport}")]
-        out: dict[str, Any] = {}
-        phases = [("idle", 0)] + ([(f"busy {args.busy}", args.busy)] if args.busy else [])
+        got: dict[str, dict[str, list[Result]]] = {}
+        phases = [("idle", 0)] + ([(f"busy{args.busy}", args.busy)] if args.busy else [])
         for i, (phase, hogs) in enumerate(phases):
             with Hogs(hogs):
-                got = await measure(variants, args.reps, args.warmup if i == 0 else 1)
-            out[phase] = summarise(got, pairs)
-            report(phase, out[phase], pairs)
-        logged = [e for e in srv.events() if e.get("event") == "MCP call"]
-        out["log"] = {"calls": len(logged), "outcomes": sorted({str(e.get("outcome")) for e in logged}),
-                      "seconds_median_ms": round(statistics.median(float(e["seconds"]) for e in logged) * 1000, 1)
-                      if logged else None,
-                      "warnings": [e for e in srv.events() if e.get("level") in ("warning", "error")][:20]}  # fmt: skip
-        print(f"server log: {out['log']['calls']} `MCP call` lines, outcomes {out['log']['outcomes']}, median "
-              f"{out['log']['seconds_median_ms']} ms (logged to the ms); {len(out['log']['warnings'])} warnings/errors")  # fmt: skip
-        for w in out["log"]["warnings"]:
-            print(
-                f"    {w.get('level')}: {w.get('event')} { ({k: v for k, v in w.items() if k not in ('event', '_t')}) }"
-            )
+                got[phase] = await measure(variants, args.reps, args.warmup if i == 0 else 1, phase)
+        await asyncio.sleep(0.5)  # the worker's last log lines
+        events = srv.events()
+    from_log(events, got)
+    out: dict[str, Any] = {}
+    for phase, rounds in got.items():
+        out[phase] = summarise(rounds, pairs)
+        report(f"{phase} ({args.reps} rounds)", out[phase], pairs)
+    logged = [e for e in events if e.get("event") == "MCP call"]
+    warnings = [e for e in events if e.get("level") in ("warning", "error")]
+    out["log"] = {"mcp_calls": len(logged), "outcomes": sorted({str(e.get("outcome")) for e in logged}),
+                  "warnings": warnings[:20]}  # fmt: skip
+    print(f"server log: {len(logged)} `MCP call` lines, outcomes {out['log']['outcomes']}; "
+          f"{len(warnings)} warnings/errors")  # fmt: skip
+    for w in warnings[:20]:
+        print(f"    {w.get('level')}: {w.get('event')} { ({k: v for k, v in w.items() if k not in ('event', '_t')}) }")
     return out
 
 

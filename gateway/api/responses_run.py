@@ -224,7 +224,8 @@ class ResponseRun:
         out = self.out
         events = out.close("incomplete" if finish_reason == "length" else "completed")
         for index in list(out.pending):
-            why = "not run: the response ended first"
+            why = ("not run: the response reached `max_output_tokens` in its arguments" if finish_reason == "length"
+                   else "not run: the response ended first")  # fmt: skip
             events += out.called(index, self.unrun(out.target(index).label, "not_run", results.NOT_RUN, why))
         usage = self.usage
         if self.cached:
