@@ -14,9 +14,6 @@ skip_rich()  # before structlog is imported, below
 # onnxruntime (the ONNX, OCR, speech and diarization engines) otherwise looks up Microsoft's
 # telemetry host from Linux during session.run (seen with strace): a local server sends nothing out.
 os.environ.setdefault("ORT_DISABLE_TELEMETRY", "1")
-# A worker never reaches a model hub (models are pulled by the gateway): set before any engine
-# imports huggingface_hub (faster-whisper, diffusers), which reads it once, at import.
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from protocol import worker_args  # noqa: E402
 from protocol.logs import configure_logging  # noqa: E402
@@ -76,6 +73,10 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     configure_logging(args.log_level, worker=args.name)
 
+    # A worker never reaches a model hub (the gateway pulls models): set before any engine imports
+    # huggingface_hub (faster-whisper, diffusers), which reads it once. Here, not at import, so that
+    # a test process importing this module keeps its own environment.
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
     from workers.engines import load_engine
     from workers.server import run
 
