@@ -130,14 +130,21 @@ class _Offer:
                               "tools": members})  # fmt: skip
 
     def mcp(self, use: McpUse, listed: list[McpTool]) -> None:
-        tools = offered(use, listed)
-        for tool in tools:
+        tools: list[McpTool] = []
+        for tool in offered(use, listed):
             seen = seen_name(tool.name, use.label)
+            about = " ".join(d for d in (f"(MCP server {use.label})", tool.description or "") if d)
+            try:
+                function = _function(use.where, seen, about, tool.input_schema, None)
+            except BadRequest as exc:  # the server's schema, not the request's: that tool alone is left out
+                log.warning("MCP tool not offered: its input schema is refused", server=use.label, tool=tool.name,
+                            error=exc.message)  # fmt: skip
+                continue
             self.declare(seen, use.where)
             self.set.mcp[seen] = McpTarget(label=use.label, name=tool.name, approval=needs_approval(use, tool),
                                            headers=use.headers)  # fmt: skip
-            about = " ".join(d for d in (f"(MCP server {use.label})", tool.description or "") if d)
-            self.tools.append(_function(use.where, seen, about, tool.input_schema, None))
+            self.tools.append(function)
+            tools.append(tool)
         self.set.mcp_listed.append((use.label, tools))
         self.set.echo.append(echo(use))
 

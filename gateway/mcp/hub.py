@@ -41,6 +41,7 @@ MAX_BACKOFF_S = 30.0
 START_TIMEOUT_S = 30.0  # a server's start (`npx -y` may fetch its package first); at least the call's bound
 MAX_LIST_PAGES = 16
 TOOL_NAME = re.compile(r"[A-Za-z0-9_.-]{1,128}")
+MAX_DESCRIPTION = 2048  # characters of a tool's description the model reads (a server's text, in every prompt)
 CONNECTION_CLOSED = -32000  # the SDK's code for a session whose transport closed (mcp_types.jsonrpc)
 
 
@@ -196,7 +197,9 @@ def _tool(t: Any) -> McpTool | None:
     if not TOOL_NAME.fullmatch(t.name or ""):
         return None
     annotations = t.annotations.model_dump(mode="json", exclude_none=True) if t.annotations is not None else None
-    return McpTool(name=t.name, input_schema=t.input_schema or {"type": "object"}, description=t.description,
+    description = t.description if t.description is None or len(t.description) <= MAX_DESCRIPTION else \
+        t.description[: MAX_DESCRIPTION - 3] + "..."  # fmt: skip
+    return McpTool(name=t.name, input_schema=t.input_schema or {"type": "object"}, description=description,
                    annotations=annotations or None,
                    read_only=bool(t.annotations is not None and t.annotations.read_only_hint))  # fmt: skip
 

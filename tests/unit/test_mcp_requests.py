@@ -21,7 +21,7 @@ from gateway.chat.responses_events import OutputStream
 from gateway.chat.responses_mcp import McpUse, mcp_uses, needs_approval, offered
 from gateway.errors import BadRequest, Forbidden
 from gateway.mcp.config import McpConfigError, ServerConfig, load
-from gateway.mcp.hub import McpTool
+from gateway.mcp.hub import MAX_DESCRIPTION, McpTool, _tool
 from gateway.mcp.results import contained, outcome_of
 from gateway.ops.keys import KeyRing, parse_key_lines
 from protocol import chat
@@ -155,6 +155,23 @@ def test_the_model_sees_mcp_tools_as_label_dot_name_and_calls_become_mcp_items()
     turns = answer_messages(out.response.output)
     assert [m.role for m in turns] == ["assistant", "tool", "assistant"]
     assert turns[0].tool_calls and turns[0].tool_calls[0].function.name == "calc.add" and turns[1].content == "5"
+
+
+def test_a_servers_tool_with_a_refused_schema_is_left_out_not_the_request() -> None:
+    (use,) = uses({"type": "mcp", "server_label": "calc"})
+    deep: dict[str, Any] = {"type": "object"}
+    for _ in range(200):
+        deep = {"type": "object", "properties": {"x": deep}}
+    bad = McpTool(name="deep", input_schema=deep, description="d" * 10_000)
+    req = msgspec.convert({"model": "m", "input": "hi", "tools": [{"type": "mcp", "server_label": "calc"}]},
+                          r.ResponsesRequest)  # fmt: skip
+    t = chat_request(req, [], {"tools[0]": (use, [bad, ADD])})
+    assert [tool.function.name for tool in t.request.tools or []] == ["calc.add"]
+    assert [tool.name for tool in t.tools.mcp_listed[0][1]] == ["add"], "the list shows what the model is offered"
+    # what a server lists is bounded too: a long description is cut, a name no function may have is skipped
+    long = _tool(types.Tool(name="t", input_schema={"type": "object"}, description="d" * 100_000))
+    assert long is not None and long.description is not None and len(long.description) == MAX_DESCRIPTION
+    assert _tool(types.Tool(name="rm -rf /", input_schema={"type": "object"})) is None
 
 
 def test_a_call_that_needs_approval_waits_and_the_approval_answers_it() -> None:
