@@ -224,9 +224,6 @@ class Hub:
     def labels(self) -> list[str]:
         return sorted(self.configs)
 
-    def starts(self, label: str) -> int:
-        return self._servers[label].starts
-
     @contextlib.asynccontextmanager
     async def _session(self, server: _Server, headers: dict[str, str] | None) -> AsyncIterator[Client]:
         """The shared session (started first, within its own bound), or one for these headers."""
