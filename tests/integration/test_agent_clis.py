@@ -110,8 +110,11 @@ def test_codex_exec_completes_a_turn_over_responses(clis: agent_clis.Clis, serve
 def test_claude_code_completes_a_turn_over_messages(clis: agent_clis.Clis, server: ServerProcess,
                                                     tmp_path: Path) -> None:  # fmt: skip
     cwd = workdir(tmp_path)
+    # Claude Code asks for 32,000 output tokens, so the models file's default never applies: its own
+    # cap ends a rambling answer (the 135M model's, now and then: 6,268 tokens, 300 s, once in CI).
     env = clis.env(tmp_path / "home", ANTHROPIC_BASE_URL=server.base_url, ANTHROPIC_API_KEY="unused",
-                   DISABLE_AUTOUPDATER="1", CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC="1")  # fmt: skip
+                   DISABLE_AUTOUPDATER="1", CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC="1",
+                   CLAUDE_CODE_MAX_OUTPUT_TOKENS="256")  # fmt: skip
     done = run([str(clis.bin / "claude"), "-p", "--bare", "--output-format", "json", "--model", MODEL, PROMPT],
                env, cwd)  # fmt: skip
     result = json.loads(done.stdout.strip().splitlines()[-1])
