@@ -7,6 +7,7 @@ aborted and recorded (`foreign`), console errors, page errors and CSP violations
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -69,6 +70,16 @@ def chromium() -> Iterator[Any]:
             yield browser
         finally:
             browser.close()
+
+
+@contextlib.contextmanager
+def browsing(browser: Any, base_url: str, shots: Path, **context_args: Any) -> Iterator[Browsing]:
+    """browse()'s context for a block (a module's `web` fixture), closed after it."""
+    b = browse(browser, base_url, shots, **context_args)
+    try:
+        yield b
+    finally:
+        b.context.close()
 
 
 def browse(browser: Any, base_url: str, shots: Path, **context_args: Any) -> Browsing:

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from tests.browser.conftest import Browsing, browse
+from tests.browser.conftest import Browsing, browsing
 from tests.conftest import MODEL
 from tests.server_proc import ServerProcess, serving
 
@@ -26,11 +26,8 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
 
 @pytest.fixture(scope="module")
 def web(chromium: Any, server: ServerProcess, screenshots: Path) -> Iterator[Browsing]:
-    b = browse(chromium, server.base_url, screenshots)
-    try:
+    with browsing(chromium, server.base_url, screenshots) as b:
         yield b
-    finally:
-        b.context.close()
 
 
 def test_without_the_key_the_page_says_what_to_do_and_with_it_works(web: Browsing) -> None:

@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from tests.browser.conftest import Browsing, browse
+from tests.browser.conftest import Browsing, browse, browsing
 from tests.conftest import MODEL
 from tests.server_proc import ServerProcess, serving
 
@@ -43,11 +43,8 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
 
 @pytest.fixture(scope="module")
 def web(chromium: Any, server: ServerProcess, screenshots: Path) -> Iterator[Browsing]:
-    b = browse(chromium, server.base_url, screenshots, viewport={"width": 1280, "height": 900})
-    try:
+    with browsing(chromium, server.base_url, screenshots, viewport={"width": 1280, "height": 900}) as b:
         yield b
-    finally:
-        b.context.close()
 
 
 @pytest.fixture(scope="module")

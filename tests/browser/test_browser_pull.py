@@ -14,7 +14,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.browser.conftest import Browsing, browse
+from tests.browser.conftest import Browsing, browsing
 from tests.hub_double import HubDouble
 from tests.server_proc import ServerProcess, serving
 
@@ -44,11 +44,8 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
 
 @pytest.fixture(scope="module")
 def web(chromium: Any, server: ServerProcess, screenshots: Path) -> Iterator[Browsing]:
-    b = browse(chromium, server.base_url, screenshots, viewport={"width": 1280, "height": 900})
-    try:
+    with browsing(chromium, server.base_url, screenshots, viewport={"width": 1280, "height": 900}) as b:
         yield b
-    finally:
-        b.context.close()
 
 
 def listed(server: ServerProcess) -> set[str]:
