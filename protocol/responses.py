@@ -557,22 +557,24 @@ class ArgumentsDone(msgspec.Struct, tag_field="type", tag="response.function_cal
     arguments: str
 
 
-class McpListToolsInProgress(msgspec.Struct, tag_field="type", tag="response.mcp_list_tools.in_progress"):
+class _McpItemEvent(msgspec.Struct):
+    """An MCP item's step in a stream: which item, where in the output."""
+
     sequence_number: int
     item_id: str
     output_index: int
 
 
-class McpListToolsCompleted(msgspec.Struct, tag_field="type", tag="response.mcp_list_tools.completed"):
-    sequence_number: int
-    item_id: str
-    output_index: int
+class McpListToolsInProgress(_McpItemEvent, tag_field="type", tag="response.mcp_list_tools.in_progress"):
+    pass
 
 
-class McpListToolsFailed(msgspec.Struct, tag_field="type", tag="response.mcp_list_tools.failed"):
-    sequence_number: int
-    item_id: str
-    output_index: int
+class McpListToolsCompleted(_McpItemEvent, tag_field="type", tag="response.mcp_list_tools.completed"):
+    pass
+
+
+class McpListToolsFailed(_McpItemEvent, tag_field="type", tag="response.mcp_list_tools.failed"):
+    pass
 
 
 class McpArgumentsDelta(msgspec.Struct, tag_field="type", tag="response.mcp_call_arguments.delta"):
@@ -589,22 +591,16 @@ class McpArgumentsDone(msgspec.Struct, tag_field="type", tag="response.mcp_call_
     arguments: str
 
 
-class McpCallInProgress(msgspec.Struct, tag_field="type", tag="response.mcp_call.in_progress"):
-    sequence_number: int
-    item_id: str
-    output_index: int
+class McpCallInProgress(_McpItemEvent, tag_field="type", tag="response.mcp_call.in_progress"):
+    pass
 
 
-class McpCallCompleted(msgspec.Struct, tag_field="type", tag="response.mcp_call.completed"):
-    sequence_number: int
-    item_id: str
-    output_index: int
+class McpCallCompleted(_McpItemEvent, tag_field="type", tag="response.mcp_call.completed"):
+    pass
 
 
-class McpCallFailed(msgspec.Struct, tag_field="type", tag="response.mcp_call.failed"):
-    sequence_number: int
-    item_id: str
-    output_index: int
+class McpCallFailed(_McpItemEvent, tag_field="type", tag="response.mcp_call.failed"):
+    pass
 
 
 class ErrorEvent(msgspec.Struct, tag_field="type", tag="error", kw_only=True):
