@@ -227,6 +227,24 @@ class Transcribe(msgspec.Struct, tag="transcribe", array_like=True, omit_default
     prompt: str = ""
     temperature: float = 0.0
     words: bool = False
+    stream: bool = False  # a TranscriptPart per segment as it is decoded, before the Transcript
+
+
+# Silero VAD reads windows of 512 samples at 16 kHz: one probability per 32 ms of audio.
+VAD_WINDOW_MS = 32
+
+
+class DetectSpeech(msgspec.Struct, tag="detect_speech", array_like=True):
+    """Voice activity in the next stretch of one audio stream (Silero VAD); answered with
+    SpeechProbs. `pcm` is mono 16-bit little-endian PCM at `sample_rate` Hz, as the client sent it;
+    `state` is the stream's state from the previous answer (b"": a new stream). The worker keeps
+    nothing between requests, so any worker serves any stream and a restart loses nothing."""
+
+    req_id: int
+    log_id: str
+    pcm: bytes
+    sample_rate: int
+    state: bytes = b""
 
 
 class Diarize(msgspec.Struct, tag="diarize", array_like=True):
@@ -252,6 +270,7 @@ class Speak(msgspec.Struct, tag="speak", array_like=True, omit_defaults=True):
     noise_scale: float = -1.0
     noise_w: float = -1.0
     voice: str = ""
+    sample_rate: int = 0  # resample the voice's audio to this rate (0: the voice's own)
 
 
 class GenerateImages(msgspec.Struct, tag="generate_images", array_like=True, omit_defaults=True):
@@ -288,6 +307,7 @@ ToWorker = (
     | Shutdown
     | SetThreads
     | Speak
+    | DetectSpeech
 )
 
 
@@ -532,6 +552,22 @@ class Transcript(msgspec.Struct, tag="transcript", array_like=True):
     words: list[TranscriptWord] = []
 
 
+class TranscriptPart(msgspec.Struct, tag="transcript_part", array_like=True, gc=False):
+    """One segment of a streamed Transcribe, sent as soon as it is decoded; the Transcript follows."""
+
+    req_id: int
+    segment: TranscriptSegment
+
+
+class SpeechProbs(msgspec.Struct, tag="speech_probs", array_like=True, gc=False):
+    """The answer to DetectSpeech: the probability of speech in each whole window (VAD_WINDOW_MS of
+    audio) that the stream completed, and the stream's state for its next request."""
+
+    req_id: int
+    probs: list[float]
+    state: bytes
+
+
 class SpeakerTurn(msgspec.Struct, array_like=True, frozen=True):
     """One stretch of speech by one speaker, in seconds from the start of the audio."""
 
@@ -604,6 +640,8 @@ FromWorker = (
     | Embeddings
     | Scores
     | Transcript
+    | TranscriptPart
+    | SpeechProbs
     | Images
     | Dying
     | TextRegions

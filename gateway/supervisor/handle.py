@@ -50,6 +50,7 @@ from protocol.wire import (
     Cancel,
     CountTokens,
     Delta,
+    DetectSpeech,
     Detokenize,
     Diarization,
     Diarize,
@@ -70,6 +71,7 @@ from protocol.wire import (
     SetThreads,
     Shutdown,
     Speak,
+    SpeechProbs,
     Started,
     Text,
     TextRegions,
@@ -79,6 +81,7 @@ from protocol.wire import (
     ToWorker,
     Transcribe,
     Transcript,
+    TranscriptPart,
     UpstreamHealth,
     Warmup,
     gateway_codec,
@@ -90,10 +93,30 @@ log = structlog.get_logger("gateway.worker")
 Streamed = Started | Delta | Done  # what a generation yields
 # Requests answered with one reply, and those replies.
 OneShot = (
-    CountTokens | Tokenize | Detokenize | Logits | Embed | Rerank | Recognize | Transcribe | Diarize | GenerateImages
+    CountTokens
+    | Tokenize
+    | Detokenize
+    | Logits
+    | Embed
+    | Rerank
+    | Recognize
+    | Transcribe
+    | Diarize
+    | GenerateImages
+    | DetectSpeech
 )
 Answer = (
-    TokenCount | TokenList | Text | LogitRows | Embeddings | Scores | TextRegions | Transcript | Diarization | Images
+    TokenCount
+    | TokenList
+    | Text
+    | LogitRows
+    | Embeddings
+    | Scores
+    | TextRegions
+    | Transcript
+    | Diarization
+    | Images
+    | SpeechProbs
 )
 # How long a one-shot request may wait for its answer, its place in the worker's queue included:
 # a tokenizer answers between two decode steps; embeddings, scores, logits and OCR take seconds
@@ -102,7 +125,7 @@ Answer = (
 # worker that will never answer.
 CALL_TIMEOUT_S: dict[type, float] = {
     Tokenize: 60, Detokenize: 60, CountTokens: 120, Logits: 600, Embed: 600, Rerank: 600, Recognize: 600,
-    Transcribe: 3600, Diarize: 3600, GenerateImages: 3600,
+    Transcribe: 3600, Diarize: 3600, GenerateImages: 3600, DetectSpeech: 30,
 }  # fmt: skip
 
 
@@ -404,7 +427,7 @@ class WorkerHandle:
                 p = self._queues.get(msg.req_id)
                 if p is not None:
                     p.queue.put_nowait(msg)
-            elif isinstance(msg, Audio):  # a sentence of speech; the request goes on
+            elif isinstance(msg, Audio | TranscriptPart):  # a sentence of speech, a segment of text; more follows
                 p = self._queues.get(msg.req_id)
                 if p is not None:
                     p.queue.put_nowait(msg)
@@ -565,16 +588,21 @@ class WorkerHandle:
         """Yield this text's Audio, a sentence at a time, and the final Done; raise for Failed or a dead worker."""
         return self._stream(msg)  # type: ignore[return-value]  # a Speak's replies are Audio until its Done
 
-    async def _stream(self, msg: Generate | Speak) -> AsyncIterator[object]:
-        """A request answered by several replies, then Done. Closed early (the client left), it
-        cancels the request on the worker."""
+    def transcribe(self, msg: Transcribe) -> AsyncIterator[TranscriptPart | Transcript]:
+        """Yield a streamed transcription's segments as they are decoded, then the whole Transcript;
+        raise for Failed or a dead worker."""
+        return self._stream(msgspec.structs.replace(msg, stream=True))  # type: ignore[return-value]
+
+    async def _stream(self, msg: Generate | Speak | Transcribe) -> AsyncIterator[object]:
+        """A request answered by several replies, then its last (Done, or a Transcript). Closed early
+        (the client left), it cancels the request on the worker."""
         req_id, pending = self._admit(msg.log_id)
         finished = False
         try:
             self._send(msgspec.structs.replace(msg, req_id=req_id))
             while True:
                 reply = await within(_next(pending.queue))
-                if isinstance(reply, Done):
+                if isinstance(reply, Done | Transcript):
                     finished = True
                     self.requests_served += 1
                     self._left()
