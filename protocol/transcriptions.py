@@ -25,7 +25,7 @@ class TranscriptionForm(msgspec.Struct, kw_only=True, forbid_unknown_fields=Fals
     prompt: Annotated[str, Meta(max_length=MAX_TRANSCRIPTION_PROMPT_CHARS)] | None = None
     response_format: ResponseFormat = "text"
     temperature: Annotated[float, Meta(ge=0, le=1)] = 0.0
-    stream: bool = False  # true: a 400, streaming transcription is not supported
+    stream: bool = False  # true: SSE, a delta per decoded segment (json and text only; OpenAI ignores it for whisper-1)
     timestamp_granularities: list[Granularity] = []  # ["word"] adds `words` to verbose_json
     compute: Compute | None = None  # a GenieX extension, as on the other endpoints
 
@@ -73,3 +73,25 @@ class TranscriptionVerbose(msgspec.Struct, omit_defaults=True):
     segments: list[Segment]
     usage: DurationUsage
     words: list[Word] | None = None
+
+
+class StreamUsage(msgspec.Struct, tag_field="type", tag="tokens"):
+    """The done event's usage. The SDK's type for it knows only OpenAI's token usage, so it is
+    that shape, with the numbers the ledger counts: seconds of audio (rounded up) as input, the
+    transcript's tokens as output; `seconds` (a GenieX extension) is the json answer's duration."""
+
+    input_tokens: int
+    output_tokens: int
+    total_tokens: int
+    seconds: float
+
+
+class TranscriptTextDelta(msgspec.Struct, tag_field="type", tag="transcript.text.delta"):
+    """One decoded segment's text; the deltas joined are the done event's text."""
+
+    delta: str
+
+
+class TranscriptTextDone(msgspec.Struct, tag_field="type", tag="transcript.text.done"):
+    text: str
+    usage: StreamUsage

@@ -251,6 +251,7 @@ def _ops() -> list[Op]:
             "AudioTranscriptionResponse",
             "PostV1AudioTranscriptions",
             "Audio",
+            streams=True,
         ),
         Op(
             "post",

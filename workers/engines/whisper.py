@@ -13,7 +13,9 @@ make it read a file or a URL. Anything FFmpeg cannot read is the client's error 
 
 One job runs at a time, in steps, so a Cancel or a new request is seen between them: the first
 step decodes the audio and computes its features; each later step decodes one segment (faster-
-whisper decodes a 30-second window at a time and yields its segments one by one).
+whisper decodes a 30-second window at a time and yields its segments one by one). A streamed
+request (`stream`) gets each segment as a TranscriptPart as soon as it is decoded, then the
+whole Transcript as an unstreamed one does.
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ from protocol.wire import (
     Ready,
     Transcribe,
     Transcript,
+    TranscriptPart,
     TranscriptSegment,
     TranscriptWord,
 )
@@ -203,12 +206,15 @@ class WhisperEngine(SerialJobs):
             emit(self._answer(job))
             return
         # Plain Python numbers: some of faster-whisper's are numpy scalars, which msgpack cannot carry.
-        job.out.append(TranscriptSegment(
+        decoded = TranscriptSegment(
             id=len(job.out), seek=int(segment.seek), start=float(segment.start), end=float(segment.end),
             text=str(segment.text), tokens=[int(t) for t in segment.tokens],
             temperature=float(segment.temperature or 0.0), avg_logprob=float(segment.avg_logprob),
             compression_ratio=float(segment.compression_ratio), no_speech_prob=float(segment.no_speech_prob),
-        ))  # fmt: skip
+        )  # fmt: skip
+        job.out.append(decoded)
+        if job.req.stream:
+            emit(TranscriptPart(job.req.req_id, decoded))
         job.words.extend(TranscriptWord(str(w.word), float(w.start), float(w.end), float(w.probability))
                          for w in segment.words or ())  # fmt: skip
 
