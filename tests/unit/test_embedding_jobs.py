@@ -118,7 +118,17 @@ def test_every_registered_engine_declares_what_it_serves() -> None:
     import importlib
     import typing
 
-    from protocol.wire import CountTokens, Diarize, Generate, GenerateImages, Logits, Recognize, Speak, Transcribe
+    from protocol.wire import (
+        CountTokens,
+        DetectSpeech,
+        Diarize,
+        Generate,
+        GenerateImages,
+        Logits,
+        Recognize,
+        Speak,
+        Transcribe,
+    )
     from workers.engines import ENGINES
 
     declared = {}
@@ -136,6 +146,7 @@ def test_every_registered_engine_declares_what_it_serves() -> None:
         "whisper": (Transcribe,),
         "senko": (Diarize,),
         "piper": (Speak,),
+        "vad": (DetectSpeech,),
         "diffusers": (GenerateImages,),
         "upstream": (Generate, Embed, Rerank),
         "qairt": (Generate, CountTokens),  # a Genie bundle: chat and completions, no logits

@@ -10,6 +10,7 @@ import typing
 from protocol import engines
 from protocol.wire import (
     CountTokens,
+    DetectSpeech,
     Diarize,
     Embed,
     Generate,
@@ -24,7 +25,7 @@ from workers.engines import ENGINES
 
 SERVES = {Generate: {"chat", "completion", "tools"}, CountTokens: set(), Logits: {"logits"}, Embed: {"embeddings"},
           Rerank: {"rerank"}, Recognize: {"ocr"}, Transcribe: {"transcription"}, Diarize: {"diarization"},
-          Speak: {"speech"}, GenerateImages: {"images"}}  # fmt: skip
+          Speak: {"speech"}, GenerateImages: {"images"}, DetectSpeech: {"vad"}}  # fmt: skip
 
 
 def _classes(name: str) -> tuple[type, ...]:
@@ -52,4 +53,5 @@ def test_units_follow_the_row() -> None:
     assert engines.info("llama_cpp").units == ("cpu", "gpu", "npu", "hybrid")
     assert engines.info("onnx").units == ("cpu", "npu")
     assert engines.info("whisper").units == ("cpu",)
+    assert engines.info("vad").units == ("cpu",)
     assert engines.info("fake") == engines.EngineInfo(name="fake", capabilities=())

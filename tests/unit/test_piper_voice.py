@@ -1,16 +1,20 @@
-"""The Piper engine's pieces that need no model run: the voice config, PCM conversion, speakers."""
+"""The Piper engine: the voice config, PCM conversion, speakers, and (on the bundled voice) the sample
+rate a request asks for."""
 
 from __future__ import annotations
 
 import dataclasses
 import importlib.util
 import json
+import shutil
 import types
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+from protocol.wire import Audio, Done, FromWorker, Speak
+from protocol.worker_args import WorkerArgs
 from workers.engines import EngineError
 from workers.engines.piper import PiperEngine, read_voice, to_pcm16, voice_files
 
@@ -62,3 +66,37 @@ def test_speakers_of_a_multi_speaker_voice() -> None:
     with pytest.raises(EngineError, match="amy, bob, cat"):
         PiperEngine.speaker(engine, "dan")  # type: ignore[arg-type]
     assert PiperEngine.speaker(types.SimpleNamespace(voice=one), "alloy") is None  # type: ignore[arg-type]
+
+
+@pytest.fixture(scope="module")
+def engine() -> PiperEngine:
+    """The bundled voice loaded as its worker loads it (espeak-ng and one sentence: about a second)."""
+    return PiperEngine(WorkerArgs(engine="piper", model_path=str(voice_dir() / "en_US-joe-medium.onnx"), threads=1))
+
+
+def speak(engine: PiperEngine, rate: int) -> list[Audio]:
+    """Two sentences without noise (the same samples every time), as Audio messages."""
+    out: list[FromWorker] = []
+    engine.submit(Speak(1, "test", "Hello there. How are you?", noise_scale=0, noise_w=0, sample_rate=rate))
+    while engine.has_work():
+        engine.step(out.append)
+    assert isinstance(out[-1], Done)
+    return [m for m in out[:-1] if isinstance(m, Audio)]
+
+
+@pytest.mark.skipif(shutil.which("espeak-ng") is None, reason="text to speech needs the espeak-ng program")
+def test_audio_comes_at_the_rate_asked_for(engine: PiperEngine) -> None:
+    own = speak(engine, 0)
+    assert {a.sample_rate for a in own} == {22_050} and len(own) == 2
+    own_samples = np.concatenate([np.frombuffer(a.pcm, dtype="<i2") for a in own]).astype(np.float64)
+    for rate in (24_000, 16_000):
+        audio = speak(engine, rate)
+        assert {a.sample_rate for a in audio} == {rate}
+        samples = np.concatenate([np.frombuffer(a.pcm, dtype="<i2") for a in audio]).astype(np.float64)
+        assert len(samples) == -(-len(own_samples) * rate // 22_050)  # every sample, the filter's tail included
+        # The same speech: as loud, and as long.
+        assert abs(np.sqrt(np.mean(samples**2)) / np.sqrt(np.mean(own_samples**2)) - 1) < 0.05
+    assert speak(engine, 22_050)[0].pcm == own[0].pcm  # the voice's own rate asked for: nothing resampled
+    for bad in (7_999, 48_001, -1):
+        with pytest.raises(EngineError, match="between 8000 and 48000"):
+            engine.submit(Speak(1, "test", "Hi.", sample_rate=bad))

