@@ -13,6 +13,7 @@ from typing import cast
 
 import structlog
 from litestar import Request
+from litestar.connection import ASGIConnection
 from litestar.types import ASGIApp, HTTPScope, Receive, Scope, Send
 
 from gateway.api.deadline import KEY_TIMEOUT
@@ -34,15 +35,25 @@ MANAGE = "manage"  # and whether its key may manage models (set only when the se
 MCP_SERVERS = "mcp_servers"  # and the MCP servers its key may use (None: all)
 
 
+# A browser cannot set headers on a WebSocket: OpenAI's Realtime clients there offer the key as a subprotocol.
+KEY_SUBPROTOCOL = "openai-insecure-api-key."
+
+
 def presented_key(headers: dict[bytes, bytes]) -> str:
     auth = headers.get(b"authorization", b"").decode("latin-1").strip()
     scheme, _, value = auth.partition(" ")
     if scheme.lower() == "bearer" and value.strip():
         return value.strip()
-    return headers.get(b"x-api-key", b"").decode("latin-1").strip()
+    key = headers.get(b"x-api-key", b"").decode("latin-1").strip()
+    if key:
+        return key
+    for offered in headers.get(b"sec-websocket-protocol", b"").decode("latin-1").split(","):
+        if offered.strip().startswith(KEY_SUBPROTOCOL):
+            return offered.strip()[len(KEY_SUBPROTOCOL) :]
+    return ""
 
 
-def caller_of(request: Request) -> str:
+def caller_of(request: ASGIConnection) -> str:
     """The label the ledger and the prompt cache know this caller by."""
     label = request.scope.get("state", {}).get(CALLER)
     if label:
@@ -73,7 +84,7 @@ def mcp_servers_of(request: Request) -> frozenset[str] | None:
     return servers
 
 
-def tenant_of(request: Request) -> str:
+def tenant_of(request: ASGIConnection) -> str:
     """The prompt-cache tenant: the caller's key when the server has keys, else one tenant for all."""
     return str(request.scope.get("state", {}).get(CALLER) or "")
 
@@ -89,6 +100,9 @@ class ApiKeyAuth:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         http = cast("HTTPScope", scope)
+        if scope["type"] == "websocket" and self.keys.enabled:
+            await self._websocket(scope, receive, send)
+            return
         if scope["type"] != "http" or not self.keys.enabled or scope["path"] in self.open_paths \
                 or http["method"] == "OPTIONS" \
                 or (self.open_prefix is not None and scope["path"].startswith(self.open_prefix)):  # fmt: skip
@@ -116,6 +130,19 @@ class ApiKeyAuth:
             await self.app(scope, receive, send)
         finally:
             self.limiter.release(key.label)
+
+    async def _websocket(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """A WebSocket (`/v1/realtime`) holds its key for the whole session: refused before it opens
+        (the client sees a 403 on the handshake); its sessions are bounded by the realtime route."""
+        key = self.keys.check(presented_key(dict(scope["headers"])))
+        if key is None:
+            log.info("websocket refused: missing or wrong API key", path=scope["path"])
+            await send({"type": "websocket.close", "code": 1008, "reason": "missing or wrong API key"})
+            return
+        state = scope.setdefault("state", {})
+        state[CALLER], state[MANAGE], state[MCP_SERVERS] = key.label, key.manage, key.mcp
+        structlog.contextvars.bind_contextvars(api_key=key.label)
+        await self.app(scope, receive, send)
 
 
 async def _unauthorized(send: Send, path: str) -> None:

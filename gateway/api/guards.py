@@ -15,9 +15,12 @@ from __future__ import annotations
 
 from typing import cast
 
+import structlog
 from litestar.types import ASGIApp, HTTPScope, Receive, Scope, Send
 
 from gateway.api.error_body import send_error
+
+log = structlog.get_logger("gateway.guards")
 
 LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "::1"})
 WITH_BODY = frozenset({"POST", "PUT", "PATCH"})
@@ -48,6 +51,9 @@ class BrowserGuard:
         self.origins = frozenset(origins)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "websocket":
+            await self._websocket(scope, receive, send)
+            return
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
@@ -72,3 +78,20 @@ class BrowserGuard:
                 await send_error(send, scope["path"], 415, f"`Content-Type` must be {need}")
                 return
         await self.app(scope, receive, send)
+
+    async def _websocket(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """A page may open a WebSocket to any address (no CORS applies to them): as for forms, a
+        browser's `Origin` must be this server's own page or one of `--origins`; and the Host as above."""
+        headers = dict(scope["headers"])
+        host = headers.get(b"host", b"").decode("latin-1")
+        origin = headers.get(b"origin", b"").decode("latin-1")
+        if self.allowed_hosts is not None and host and host_name(host) not in self.allowed_hosts:
+            why = f"host name {host[:100]!r} not answered (a defence against DNS rebinding)"
+        elif origin and "*" not in self.origins and origin not in self.origins \
+                and not (self.allowed_hosts is not None and same_origin(origin, host)):  # fmt: skip
+            why = f"a WebSocket opened by the web page {origin[:100]!r} is refused; --origins allows an origin"
+        else:
+            await self.app(scope, receive, send)
+            return
+        log.info("websocket refused", path=scope["path"], why=why)
+        await send({"type": "websocket.close", "code": 1008, "reason": why[:120]})

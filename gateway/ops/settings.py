@@ -229,6 +229,15 @@ class Settings(msgspec.Struct, kw_only=True):
     mcp_concurrency: Annotated[int, Flag(
         "calls one MCP server runs at once, over all requests; more wait their turn (within "
         "`--mcp-call-timeout-s`)", at_least=1)] = 4  # fmt: skip
+    realtime_sessions_per_key: Annotated[int, Flag(
+        "`/v1/realtime` sessions one API key (or, without keys, all clients together) may hold open at once; "
+        "one more is refused with an `error` event", at_least=1)] = 4  # fmt: skip
+    realtime_max_session_s: Annotated[float, Flag(
+        "seconds one `/v1/realtime` session may last; then it ends with an `error` event (OpenAI's sessions "
+        "last 60 minutes)", at_least=1)] = 3600.0  # fmt: skip
+    realtime_idle_s: Annotated[float, Flag(
+        "seconds a `/v1/realtime` session may go without a client event while no response runs; then it ends "
+        "with an `error` event", at_least=1)] = 600.0  # fmt: skip
     webui: Annotated[bool, Flag(
         "serve no web UI (`/`, `/ops`, `/try`, `/docs`) and no `/openapi.json` (`GENIEX_NO_WEBUI=1`)",
         option="--no-webui")] = True  # fmt: skip
