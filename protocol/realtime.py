@@ -97,6 +97,8 @@ class SessionConfig(msgspec.Struct, omit_defaults=True):
     tools: Annotated[list[FunctionTool], Meta(max_length=MAX_TOOLS)] | None = None
     tool_choice: str | dict[str, Any] | None = None
     max_output_tokens: MaxTokens | None = None
+    # The beta API's sampling temperature (GA dropped it); kept as an extension: 0 answers greedily.
+    temperature: Annotated[float, Meta(ge=0, le=2)] | None = None
 
 
 # ---- conversation items (both sides) ------------------------------------------------------------
@@ -282,6 +284,7 @@ class Session(msgspec.Struct, omit_defaults=True):
     tools: list[FunctionTool] | None = None
     tool_choice: str | dict[str, Any] | None = None
     max_output_tokens: int | Literal["inf"] | None = None
+    temperature: float | None = None
     expires_at: int | None = None
 
 

@@ -53,6 +53,7 @@ class SessionSettings:
     tools: tuple[rt.FunctionTool, ...] = ()
     tool_choice: str | dict[str, Any] = "auto"
     max_output_tokens: int | None = None
+    temperature: float | None = None  # None: the chat model's default
     language: str = ""
     prompt: str = ""
     extra: dict[str, Any] = field(default_factory=dict)
@@ -69,7 +70,7 @@ class SessionSettings:
         return rt.Session(
             id=self.id, type="realtime", model=self.chat_model, instructions=self.instructions,
             output_modalities=list(self.modalities), tools=list(self.tools), tool_choice=self.tool_choice,
-            max_output_tokens=self.max_output_tokens or "inf",
+            max_output_tokens=self.max_output_tokens or "inf", temperature=self.temperature,
             audio=rt.AudioOut(input=audio_in, output=rt.AudioOutputOut(format=pcm, voice=self.voice or self.voice_model,
                                                                        speed=self.speed)),
         )  # fmt: skip
@@ -161,6 +162,8 @@ def updated(services: Services, s: SessionSettings, new: rt.SessionConfig) -> Se
         changes["tools"] = tuple(new.tools)
     if new.tool_choice is not None:
         changes["tool_choice"] = new.tool_choice
+    if new.temperature is not None:
+        changes["temperature"] = new.temperature
     if new.max_output_tokens is not None:
         changes["max_output_tokens"] = None if new.max_output_tokens == "inf" else new.max_output_tokens
     audio = new.audio or rt.AudioConfig()

@@ -108,8 +108,8 @@ class ResponseRun:
             model=settings.chat_model, messages=messages, stream=True,
             tools=[chat.Tool(function=chat.FunctionDef(name=t.name, description=t.description,
                                                        parameters=t.parameters)) for t in tools] or None,
-            tool_choice=(self.params.tool_choice or settings.tool_choice) if tools else None,
-            max_completion_tokens=None if limit == "inf" else limit,
+            tool_choice=_chat_choice(self.params.tool_choice or settings.tool_choice) if tools else None,
+            max_completion_tokens=None if limit == "inf" else limit, temperature=settings.temperature,
         )  # fmt: skip
         entry = services.store.resolve(settings.chat_model)
         plan = plan_chat(req, s.log_id, services.store, services.settings.grammar_dirs, tenant=s.tenant,
@@ -264,6 +264,13 @@ class ResponseRun:
         return rt.Response(id=self.id, status=status, output=list(self.output), output_modalities=list(self.modalities),  # type: ignore[arg-type]
                            conversation_id=self.session.conversation_id if self.in_conversation else None,
                            status_details=details, usage=usage, metadata=self.params.metadata)  # fmt: skip
+
+
+def _chat_choice(choice: str | dict[str, Any]) -> str | dict[str, Any]:
+    """Realtime's (and Responses') forced call, `{"type": "function", "name": ...}`, in chat's shape."""
+    if isinstance(choice, dict) and choice.get("type") == "function" and "name" in choice:
+        return {"type": "function", "function": {"name": choice["name"]}}
+    return choice
 
 
 class _Events:
