@@ -79,6 +79,22 @@ class ResponseRun:
         self.task.cancel()
         await asyncio.gather(self.task, return_exceptions=True)
 
+    async def interrupted(self) -> None:
+        """The user spoke: a response in progress is cancelled (and cut to what was heard); one
+        whose audio all went out but is still playing at the client is cut to what was heard so far."""
+        if self.task is not None and not self.task.done():
+            await self.cancel("turn_detected")
+            return
+        speaker, m = self.speaker, self.message
+        if speaker is None or m is None or not m.content or not self.in_conversation:
+            return
+        heard = speaker.heard_ms()
+        if heard >= speaker.sent_ms - 50 or m.content[0].transcript is None:
+            return  # played to its end
+        m.content[0].transcript = speaker.heard_text(heard)
+        m.status = "incomplete"
+        await self.send(rt.ConversationItemTruncated(item_id=m.id or "", content_index=0, audio_end_ms=heard))
+
     async def _run(self) -> None:
         await self.send(rt.ResponseCreated(response=self._response("in_progress")))
         try:
@@ -88,6 +104,9 @@ class ResponseRun:
                 raise  # the session is closing: nobody is there to tell
         except GenieXError as exc:
             self.failure = (exc.message, exc.status)
+        except Exception:  # a bug: the response fails, saying so, and the session goes on
+            log.exception("realtime response failed", response_id=self.id)
+            self.failure = ("the server failed on this response (its log has why)", 500)
         finally:
             if self.speaker is not None and (self.cancelled or self.failure or not self.speaker.task.done()):
                 await self.speaker.stop()

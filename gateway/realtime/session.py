@@ -141,6 +141,10 @@ class RealtimeSession:
             await self._dispatch(ev)
         except RealtimeProblem as p:
             await self.problem(p, event_id)
+        except Exception:  # a bug here must not end the session, nor pass in silence
+            log.exception("realtime event failed", event_id=event_id)
+            await self.problem(RealtimeProblem("the server failed on this event (its log has why)", "server_error",
+                                               kind="server_error"), event_id)  # fmt: skip
 
     async def _dispatch(self, ev: rt.ClientEvent) -> None:
         if isinstance(ev, rt.InputAudioBufferAppend):
@@ -266,7 +270,7 @@ class RealtimeSession:
             self.speech_item, self.speech_start_ms = rt.new_id("item"), turn.ms
             await self.send(rt.SpeechStarted(audio_start_ms=turn.ms, item_id=self.speech_item))
             if t.interrupt_response and self.response is not None:
-                await self.response.cancel("turn_detected")  # barge-in
+                await self.response.interrupted()  # barge-in
             return
         item_id = self.speech_item or rt.new_id("item")
         self.speech_item = None
@@ -274,12 +278,20 @@ class RealtimeSession:
         start = max(self.buffer_ms, self.speech_start_ms - t.prefix_padding_ms)
         await self._commit(item_id, start, min(self.stream_ms, turn.ms + TRAILING_MS))
         if t.create_response and not self.settings.transcribing:
-            self.spawn(self._respond_when_free())
+            self.spawn(self._respond_when_free(item_id))
 
-    async def _respond_when_free(self) -> None:
-        if self.response is not None and self.response.task is not None:
+    async def _respond_when_free(self, item_id: str) -> None:
+        """Answer the turn once its words are known (a turn Whisper heard nothing in is not
+        answered) and any response still in progress has ended."""
+        heard = self.transcripts.get(item_id)
+        if heard is not None and not (await asyncio.gather(heard, return_exceptions=True))[0]:
+            return
+        while self.response is not None and self.response.task is not None and not self.response.task.done():
             await asyncio.gather(self.response.task, return_exceptions=True)
-        await self.respond(rt.ResponseParams())
+        try:
+            await self.respond(rt.ResponseParams())
+        except RealtimeProblem as p:
+            await self.problem(p)
 
     async def _commit(self, item_id: str, start_ms: int, end_ms: int) -> None:
         a, b = (start_ms - self.buffer_ms) * BYTES_PER_MS, (end_ms - self.buffer_ms) * BYTES_PER_MS
