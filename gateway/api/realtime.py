@@ -60,6 +60,7 @@ async def realtime(socket: WebSocket, services: NamedDependency[Services]) -> No
 
     if _open[caller] >= settings.realtime_sessions_per_key:
         log.info("realtime session refused", open=_open[caller])
+        services.metrics.realtime_ended.labels("refused").inc()
         await end("session_limit", f"this key holds {_open[caller]} realtime sessions, the most it may "
                   f"(--realtime-sessions-per-key {settings.realtime_sessions_per_key}); close one first")  # fmt: skip
         return
@@ -70,6 +71,8 @@ async def realtime(socket: WebSocket, services: NamedDependency[Services]) -> No
         await end(p.detail.code or "invalid_value", p.detail.message)
         return
     _open[caller] += 1
+    services.metrics.realtime_session(True)
+    ended = "client"
     session = RealtimeSession(services, config, send_text, caller, tenant_of(socket), session_id)
     started = time.monotonic()
     log.info("realtime session opened", kind=config.kind, model=config.chat_model, open=_open[caller])
@@ -83,10 +86,12 @@ async def realtime(socket: WebSocket, services: NamedDependency[Services]) -> No
             idle_left = settings.realtime_idle_s - (now - session.last_active)
             left = settings.realtime_max_session_s - (now - started)
             if left <= 0:
+                ended = "expired"
                 await end("session_expired", f"the session reached its bound of {settings.realtime_max_session_s:g} s "
                           "(--realtime-max-session-s)")  # fmt: skip
                 break
             if idle_left <= 0 and not busy:
+                ended = "idle"
                 await end("session_idle", f"no client event for {settings.realtime_idle_s:g} s (--realtime-idle-s)")
                 break
             try:
@@ -103,6 +108,7 @@ async def realtime(socket: WebSocket, services: NamedDependency[Services]) -> No
         pass
     finally:
         await session.close()
+        services.metrics.realtime_session(False, ended)
         _open[caller] -= 1
         if not _open[caller]:
             del _open[caller]

@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any, Protocol
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, ProcessCollector
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
@@ -130,6 +130,14 @@ class Metrics:
                                  ["server", "outcome"], registry=r)  # fmt: skip
         self.mcp_call_seconds = Histogram("geniex:mcp_call_seconds", "Time of an MCP tool call, its wait for a slot "
                                           "included.", ["server"], registry=r)  # fmt: skip
+        self.realtime_sessions = Gauge("geniex:realtime_sessions", "/v1/realtime sessions open.", registry=r)
+        self.realtime_ended = Counter("geniex:realtime_sessions_ended", "/v1/realtime sessions ended, by why "
+                                      "(closed by the client, idle, expired, refused over the per-key bound).",
+                                      ["reason"], registry=r)  # fmt: skip
+        self.realtime_first_audio = Histogram(
+            "geniex:realtime_first_audio_seconds", "From the end of the user's speech (server VAD) to the first "
+            "audio of the answer sent: transcription, the chat model's first sentence and its speech.",
+            buckets=(0.25, 0.5, 0.75, 1, 1.5, 2, 3, 5, 8, 13, 20), registry=r)  # fmt: skip
         r.register(_PoolCollector(self))
         r.register(_KeyCollector(self))
         r.register(_LedgerCollector(self))
@@ -172,6 +180,13 @@ class Metrics:
 
     def worker_unloaded(self, model: str) -> None:
         self.worker_unloads.labels(model).inc()
+
+    def realtime_session(self, opened: bool, reason: str = "") -> None:
+        if opened:
+            self.realtime_sessions.inc()
+            return
+        self.realtime_sessions.dec()
+        self.realtime_ended.labels(reason).inc()
 
     def mcp_call(self, server: str, outcome: str, seconds: float) -> None:
         self.mcp_calls.labels(server, outcome).inc()

@@ -11,6 +11,7 @@ spoken are cancelled on their workers, and an audio answer is cut to what was he
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any, Literal, TypeVar
 
@@ -44,7 +45,8 @@ class _Call:
 
 class ResponseRun:
     def __init__(self, session: Any, settings: SessionSettings, params: rt.ResponseParams,
-                 messages: Callable[[], Awaitable[list[chat.ChatMessage]]], send: Send) -> None:  # fmt: skip
+                 messages: Callable[[], Awaitable[list[chat.ChatMessage]]], send: Send,
+                 speech_ended: float | None = None) -> None:  # fmt: skip
         self.session = session  # gateway/realtime/session.py's RealtimeSession: services, caller, conversation
         self.settings = settings
         self.params = params
@@ -65,6 +67,7 @@ class ResponseRun:
         self.failure: tuple[str, int] | None = None
         self.cancelled = ""  # why: "client_cancelled" or "turn_detected"
         self.task: asyncio.Task[None] | None = None
+        self.speech_ended = speech_ended  # when the turn this answers ended (server VAD), for the metric
 
     # ---- the task ---------------------------------------------------------------------------
 
@@ -174,6 +177,9 @@ class ResponseRun:
             settings = self.settings
 
             async def delta(audio: str) -> None:
+                if self.speech_ended is not None:
+                    s.services.metrics.realtime_first_audio.observe(time.monotonic() - self.speech_ended)
+                    self.speech_ended = None
                 await self.send(self._in_part(rt.OutputAudioDelta, delta=audio))
 
             accounting = s.services.accounting(settings.voice_model, s.caller, None)

@@ -278,9 +278,9 @@ class RealtimeSession:
         start = max(self.buffer_ms, self.speech_start_ms - t.prefix_padding_ms)
         await self._commit(item_id, start, min(self.stream_ms, turn.ms + TRAILING_MS))
         if t.create_response and not self.settings.transcribing:
-            self.spawn(self._respond_when_free(item_id))
+            self.spawn(self._respond_when_free(item_id, time.monotonic()))
 
-    async def _respond_when_free(self, item_id: str) -> None:
+    async def _respond_when_free(self, item_id: str, speech_ended: float) -> None:
         """Answer the turn once its words are known (a turn Whisper heard nothing in is not
         answered) and any response still in progress has ended."""
         heard = self.transcripts.get(item_id)
@@ -289,7 +289,7 @@ class RealtimeSession:
         while self.response is not None and self.response.task is not None and not self.response.task.done():
             await asyncio.gather(self.response.task, return_exceptions=True)
         try:
-            await self.respond(rt.ResponseParams())
+            await self.respond(rt.ResponseParams(), speech_ended)
         except RealtimeProblem as p:
             await self.problem(p)
 
@@ -396,7 +396,8 @@ class RealtimeSession:
 
     # ---- responses --------------------------------------------------------------------------------
 
-    async def respond(self, params: rt.ResponseParams) -> None:
+    async def respond(self, params: rt.ResponseParams, speech_ended: float | None = None) -> None:
+        """Start a response (`speech_ended`: when the turn it answers ended, for the latency metric)."""
         if self.settings.transcribing:
             raise RealtimeProblem("a transcription session makes no responses", "invalid_event")
         if self.response is not None and self.response.task is not None and not self.response.task.done():
@@ -411,7 +412,7 @@ class RealtimeSession:
                                                                                  for p in i.content or []))
                         for i in items if i.type == "message"]  # fmt: skip
 
-        self.response = ResponseRun(self, self.settings, params, messages, self.send)
+        self.response = ResponseRun(self, self.settings, params, messages, self.send, speech_ended)
         self.response.start()
 
     # ---- the end --------------------------------------------------------------------------------

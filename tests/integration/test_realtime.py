@@ -153,6 +153,8 @@ async def test_a_spoken_question_is_heard_answered_and_spoken(server: ServerProc
     assert said.strip() and done.output[0].content[0].transcript == said
     answer = audio_of(events)
     assert len(answer) > RATE  # more than half a second of speech
+    metrics = httpx.get(f"{server.base_url}/metrics", timeout=10).text
+    assert "geniex:realtime_first_audio_seconds_count" in metrics and "geniex:realtime_sessions " in metrics
     # Whisper tiny hears some of Piper's phrases wrong however they are made ("France is" as
     # "Francis"): the chain's audio is held to 0.3, or to what the voice's own WAV of the text gets.
     heard_back = transcribed(server, answer)
