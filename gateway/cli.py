@@ -18,7 +18,6 @@ from typing import Any
 
 from gateway.ops.settings import Settings, declared, out_of_bounds, split_host
 from protocol import qnn
-from protocol.realtime import MAX_FRAME_BYTES as REALTIME_MAX_FRAME_BYTES
 
 # GENIEX_* variables that no flag reads but that the server does: the data dir's historical
 # spelling, llama.cpp's error log switch, and the QNN simulator's SoC model.
@@ -227,9 +226,9 @@ def _serve(args: argparse.Namespace) -> int:
         # Requests beyond --max-connections get a JSON 503 from DrainMiddleware; uvicorn's own
         # refusal (plain text) is only the backstop against a flood of idle kept-alive connections.
         limit_concurrency=2 * settings.max_connections,
-        # A WebSocket frame (a `/v1/realtime` event) larger than this closes its connection with 1009
-        # before it is read whole; the realtime session bounds an append's audio far below it.
-        ws_max_size=REALTIME_MAX_FRAME_BYTES,
+        # A WebSocket message (a `/v1/realtime` event) is bounded as a body is: a larger one closes
+        # its connection (1009, the reason naming the bound) before it is read whole.
+        ws_max_size=settings.max_body_mb * 1024 * 1024,
         ssl_certfile=settings.certfile,
         ssl_keyfile=settings.keyfile,
     )

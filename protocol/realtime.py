@@ -24,9 +24,6 @@ MAX_INSTRUCTIONS_CHARS = 64_000
 MAX_TOOLS = 64
 MAX_ITEM_TEXT_CHARS = 64_000
 MAX_ID_CHARS = 64
-# The largest WebSocket frame the server reads (uvicorn's default): 15 s of audio in one append is
-# 1 MB of base64; a frame beyond this closes its connection (1009) before it is read whole.
-MAX_FRAME_BYTES = 16 * 1024 * 1024
 Id = Annotated[str, Meta(max_length=MAX_ID_CHARS, pattern=r"^[A-Za-z0-9_.:-]*$")]
 
 

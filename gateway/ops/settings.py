@@ -187,7 +187,8 @@ class Settings(msgspec.Struct, kw_only=True):
         "once rather than queueing without bound, and connections beyond twice this are refused", at_least=1)] = 512  # fmt: skip
     max_body_mb: Annotated[int, Flag(
         "MiB a request body may hold (images and audio travel inside it); a larger one is a 413, refused without "
-        "reading the rest", old="--max-body", at_least=1)] = 32  # fmt: skip
+        "reading the rest. A WebSocket message (`/v1/realtime`) too: a larger one closes its connection (1009)",
+        old="--max-body", at_least=1)] = 32  # fmt: skip
     max_nctx: Annotated[int, Flag(
         "the largest `nctx` a request may ask for; 0: the context each model was trained for (its GGUF says), so "
         "`nctx` beyond it is a 400", at_least=0)] = 0  # fmt: skip
