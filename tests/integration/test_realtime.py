@@ -309,7 +309,7 @@ def test_bad_events_get_an_error_event_and_the_session_goes_on(server: ServerPro
     while not seen or seen[-1]["type"] != "response.done":
         seen.append(receive(ws, TURN_S))
     assert [e["error"]["code"] for e in seen if e["type"] == "error"] == ["conversation_already_has_active_response"]
-    assert seen[-1]["response"]["status"] == "completed"
+    assert seen[-1]["response"]["status"] in ("completed", "incomplete")  # the answer may reach max_output_tokens
 
 
 def test_a_frame_past_the_bound_closes_only_its_own_session(server: ServerProcess, ws: ClientConnection) -> None:
