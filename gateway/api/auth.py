@@ -28,7 +28,7 @@ log = structlog.get_logger("gateway.auth")
 OPEN_PATHS = frozenset({"/health", "/ready"})
 # The web UI's pages, assets and the API schema hold no data (the pages ask the API, with the key
 # the person enters), so a browser can load them before it has a key.
-WEB_PATHS = frozenset({"/", "/ops", "/try", "/docs", "/openapi.json"})
+WEB_PATHS = frozenset({"/", "/voice", "/ops", "/try", "/docs", "/openapi.json"})
 WEB_PREFIX = "/static/"
 CALLER = "caller"  # where the caller's label lives in the request's state
 MANAGE = "manage"  # and whether its key may manage models (set only when the server has keys)
@@ -133,7 +133,7 @@ class ApiKeyAuth:
 
     async def _websocket(self, scope: Scope, receive: Receive, send: Send) -> None:
         """A WebSocket (`/v1/realtime`) holds its key for the whole session: refused before it opens
-        (the client sees a 403 on the handshake); its sessions are bounded by the realtime route."""
+        (the client sees a 403 on the handshake); its sessions are also bounded by the realtime route."""
         key = self.keys.check(presented_key(dict(scope["headers"])))
         if key is None:
             log.info("websocket refused: missing or wrong API key", path=scope["path"])
@@ -142,7 +142,20 @@ class ApiKeyAuth:
         state = scope.setdefault("state", {})
         state[CALLER], state[MANAGE], state[MCP_SERVERS] = key.label, key.manage, key.mcp
         structlog.contextvars.bind_contextvars(api_key=key.label)
-        await self.app(scope, receive, send)
+        if not key.limits.any:
+            await self.app(scope, receive, send)
+            return
+        # A session is one request of its key's: admitted by its limits, and holding one of its
+        # concurrent requests while it lasts.
+        refusal = self.limiter.admit(key.label, key.limits)
+        if refusal is not None:
+            log.info("websocket refused by a key limit", limit=refusal.limit, retry_after_s=refusal.retry_after_s)
+            await send({"type": "websocket.close", "code": 1008, "reason": refusal.message()[:120]})
+            return
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            self.limiter.release(key.label)
 
 
 async def _unauthorized(send: Send, path: str) -> None:

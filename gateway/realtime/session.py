@@ -44,6 +44,8 @@ MAX_BUFFER_MS = 120_000  # one uncommitted turn; server VAD ends a longer one th
 MIN_COMMIT_MS = 100  # OpenAI's least committable audio
 MAX_ITEMS = 512  # the conversation keeps its latest items (the chat's truncation bounds what the model reads)
 MAX_VAD_BATCH_MS = 2_000  # audio sent to the VAD worker at once, when it fell behind
+# Audio waiting for the VAD worker: a client sending faster than it is analysed is refused past this.
+MAX_VAD_BACKLOG_MS = 30_000
 TRAILING_MS = 200  # audio kept after the end of speech, so Whisper hears the word's end
 
 
@@ -68,6 +70,8 @@ class RealtimeSession:
         self.vad_audio: asyncio.Queue[bytes] = asyncio.Queue()
         self.vad_task: asyncio.Task[None] | None = None
         self.vad_ms = 0  # audio the VAD worker read, billed as its "prompt" once the session ends
+        self.vad_backlog = 0  # bytes appended, not yet read by the VAD worker
+        self.max_audio_ms = int(services.settings.realtime_max_session_s * 1000)
         self.response: ResponseRun | None = None
         self.tasks: set[asyncio.Task[object]] = set()
         self._lock = asyncio.Lock()
@@ -205,12 +209,19 @@ class RealtimeSession:
         if not pcm:
             return
         vad = self.settings.turn_detection is not None
+        if self.stream_ms + len(pcm) // BYTES_PER_MS > self.max_audio_ms:
+            raise RealtimeProblem(f"this session has taken its {self.max_audio_ms // 1000} s of audio (as much as it "
+                                  "may last); open another", "session_audio_exhausted")  # fmt: skip
+        if vad and self.vad_backlog + len(pcm) > MAX_VAD_BACKLOG_MS * BYTES_PER_MS:
+            raise RealtimeProblem(f"audio arrives faster than voice activity detection reads it ({MAX_VAD_BACKLOG_MS // 1000} "
+                                  "s wait already); send it at about real time", "audio_backlog")  # fmt: skip
         if not vad and len(self.pcm) + len(pcm) > MAX_BUFFER_MS * BYTES_PER_MS:
             raise RealtimeProblem(f"the input audio buffer is full ({MAX_BUFFER_MS // 1000} s): commit or clear it",
                                   "input_audio_buffer_full")  # fmt: skip
         self.pcm += pcm
         self.stream_ms += len(pcm) // BYTES_PER_MS
         if vad:
+            self.vad_backlog += len(pcm)
             self.vad_audio.put_nowait(pcm)
 
     def _sync_vad(self) -> None:
@@ -229,6 +240,7 @@ class RealtimeSession:
             pcm = await self.vad_audio.get()
             while not self.vad_audio.empty() and len(pcm) < MAX_VAD_BATCH_MS * BYTES_PER_MS:
                 pcm += self.vad_audio.get_nowait()
+            self.vad_backlog -= len(pcm)
             if self.settings.turn_detection is None:
                 continue
             try:

@@ -117,6 +117,10 @@ def audio_of(events: list[Any]) -> bytes:
     return b"".join(base64.b64decode(e.delta) for e in events if e.type == "response.output_audio.delta")
 
 
+def metrics_of(server: ServerProcess) -> str:
+    return httpx.get(f"{server.base_url}/metrics", timeout=10).text
+
+
 def inflight(server: ServerProcess) -> int:
     return sum(w["inflight"] for w in httpx.get(f"{server.base_url}/v1/workers", timeout=10).json()["data"])
 
@@ -153,7 +157,7 @@ async def test_a_spoken_question_is_heard_answered_and_spoken(server: ServerProc
     assert said.strip() and done.output[0].content[0].transcript == said
     answer = audio_of(events)
     assert len(answer) > RATE  # more than half a second of speech
-    metrics = httpx.get(f"{server.base_url}/metrics", timeout=10).text
+    metrics = metrics_of(server)
     assert "geniex:realtime_first_audio_seconds_count" in metrics and "geniex:realtime_sessions " in metrics
     # Whisper tiny hears some of Piper's phrases wrong however they are made ("France is" as
     # "Francis"): the chain's audio is held to 0.3, or to what the voice's own WAV of the text gets.
@@ -207,6 +211,23 @@ async def test_speech_over_an_answer_cancels_it_and_the_next_turn_answers(server
         events = await events_until(conn, lambda e: e.type == "response.done")
         assert events[-1].response.status in ("completed", "incomplete"), events[-1].response
         assert audio_of(events)
+
+
+async def test_an_audio_item_is_transcribed_and_answered(server: ServerProcess, question: bytes) -> None:
+    async with realtime(server) as conn:
+        await conn.session.update(session={"type": "realtime", **BRIEF, "output_modalities": ["text"],
+                                           "audio": {"input": {"turn_detection": None,
+                                                               "transcription": {"model": "whisper-1"}}}})  # fmt: skip
+        await conn.conversation.item.create(item={"type": "message", "role": "user", "content": [
+            {"type": "input_audio", "audio": base64.b64encode(question).decode()}]})  # fmt: skip
+        heard = await events_until(conn, lambda e: e.type == "conversation.item.input_audio_transcription.completed")
+        assert word_error_rate(QUESTION, heard[-1].transcript) <= 0.2, heard[-1].transcript
+        added = next(e for e in heard if e.type == "conversation.item.added")
+        assert added.item.content[0].audio is None  # the audio is never echoed back
+        await conn.response.create()
+        events = await events_until(conn, lambda e: e.type == "response.done")
+    assert events[-1].response.status in ("completed", "incomplete")
+    assert next(e for e in events if e.type == "response.output_text.done").text.strip()
 
 
 async def test_a_function_tool_is_called_and_its_output_continues_the_answer(server: ServerProcess) -> None:
@@ -360,3 +381,28 @@ def test_keys_session_limits_and_origins_hold(start: Callable[..., ServerProcess
     with connect(ws_url(srv), additional_headers={"Authorization": "Bearer sekrit",
                                                   "Origin": srv.base_url}) as own:  # the server's own page  # fmt: skip
         assert receive(own)["type"] == "session.created"
+
+
+def test_a_sessions_audio_and_time_are_bounded_and_key_limits_apply(start: Callable[..., ServerProcess],
+                                                                   tmp_path: Any) -> None:  # fmt: skip
+    keys = tmp_path / "keys.txt"
+    keys.write_text("sk-one-realtime one concurrent=1\n")
+    srv = start("--api-key-file", str(keys), "--realtime-max-session-s", "4")
+    auth = {"Authorization": "Bearer sk-one-realtime"}
+    with connect(ws_url(srv), additional_headers=auth) as c:
+        assert receive(c)["type"] == "session.created"
+        with pytest.raises(InvalidStatus) as over:  # the session holds the key's one concurrent request
+            connect(ws_url(srv), additional_headers=auth)
+        assert over.value.response.status_code == 403
+        r = httpx.get(f"{srv.base_url}/v1/models", headers=auth, timeout=10)
+        assert r.status_code == 429, r.text
+        silence = base64.b64encode(bytes(RATE * 2 * 3)).decode()
+        c.send(json.dumps({"type": "input_audio_buffer.append", "audio": silence}))
+        ev = refused(c, {"type": "input_audio_buffer.append", "audio": silence})
+        assert ev["code"] == "session_audio_exhausted", ev
+        ev = receive(c, timeout=20)
+        assert ev["type"] == "error" and ev["error"]["code"] == "session_expired", ev
+        with pytest.raises(ConnectionClosed):
+            c.recv(timeout=10)
+    assert 'geniex:realtime_sessions_ended_total{reason="expired"} 1.0' in metrics_of(srv)
+    assert httpx.get(f"{srv.base_url}/v1/models", headers=auth, timeout=10).status_code == 200  # released
