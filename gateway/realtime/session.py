@@ -65,6 +65,8 @@ class RealtimeSession:
         self.buffer_ms = 0
         self.stream_ms = 0  # audio appended in the whole session
         self.turns = TurnTaker()
+        self.vad_on = False  # server VAD reads the appended audio
+        self.vad_fresh = False  # its stream starts again with the next audio
         self.speech_item: str | None = None  # the item id speech_started announced
         self.speech_start_ms = 0
         self.vad_audio: asyncio.Queue[bytes] = asyncio.Queue()
@@ -227,8 +229,12 @@ class RealtimeSession:
     def _sync_vad(self) -> None:
         t = self.settings.turn_detection
         if t is None:
-            self.turns = TurnTaker()
+            self.vad_on = self.turns.speaking = False
             return
+        if not self.vad_on:  # (again): a new VAD stream from here, its windows counted from the audio so far
+            self.turns = TurnTaker(position_ms=self.stream_ms)
+            self.vad_fresh = True
+        self.vad_on = True
         self.turns.threshold, self.turns.silence_duration_ms = t.threshold, t.silence_duration_ms
         if self.vad_task is None or self.vad_task.done():
             self.vad_task = asyncio.create_task(self._vad_loop())
@@ -241,8 +247,10 @@ class RealtimeSession:
             while not self.vad_audio.empty() and len(pcm) < MAX_VAD_BATCH_MS * BYTES_PER_MS:
                 pcm += self.vad_audio.get_nowait()
             self.vad_backlog -= len(pcm)
-            if self.settings.turn_detection is None:
+            if not self.vad_on:
                 continue
+            if self.vad_fresh:
+                state, self.vad_fresh = b"", False
             try:
                 if worker is None or not worker.alive:
                     worker = await self.services.worker(self.services.store.resolve(self.settings.vad_model))

@@ -174,11 +174,18 @@ async def test_push_to_talk_commits_and_answers_on_request(server: ServerProcess
         await conn.input_audio_buffer.commit()
         await conn.response.create()
         events = await events_until(conn, lambda e: e.type == "response.done")
-    order = kinds(events)
-    assert "input_audio_buffer.speech_started" not in order and "input_audio_buffer.committed" in order
-    assert events[-1].response.status == "completed"
-    text = next(e for e in events if e.type == "response.output_text.done").text
-    assert text.strip() and "response.output_audio.delta" not in order
+        order = kinds(events)
+        assert "input_audio_buffer.speech_started" not in order and "input_audio_buffer.committed" in order
+        assert events[-1].response.status == "completed"
+        text = next(e for e in events if e.type == "response.output_text.done").text
+        assert text.strip() and "response.output_audio.delta" not in order
+        # Server VAD switched on mid-session reads the audio from there on: the turn it finds is the one spoken.
+        await conn.session.update(session={"type": "realtime", "audio": {"input": {
+            "turn_detection": {"type": "server_vad"}, "transcription": {"model": "whisper-1"}}}})  # fmt: skip
+        await append(conn, question)
+        events = await events_until(conn, lambda e: e.type == "response.done")
+    heard = next(e for e in events if e.type == "conversation.item.input_audio_transcription.completed")
+    assert word_error_rate(QUESTION, heard.transcript) <= 0.2, heard.transcript
 
 
 async def test_speech_over_an_answer_cancels_it_and_the_next_turn_answers(server: ServerProcess,
