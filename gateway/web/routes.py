@@ -1,4 +1,4 @@
-"""The web UI's routes: four HTML pages and the static assets, each sent with a strict CSP."""
+"""The web UI's routes: five HTML pages and the static assets, each sent with a strict CSP."""
 
 from __future__ import annotations
 
@@ -36,7 +36,7 @@ SECURITY_HEADERS = {
     "X-Frame-Options": "DENY",
 }
 # Paths the web UI serves; open without an API key (they hold no data: the pages ask the API for it).
-PAGE_PATHS = {"/": "index.html", "/ops": "ops.html", "/try": "try.html", "/docs": "docs.html"}
+PAGE_PATHS = {"/": "index.html", "/voice": "voice.html", "/ops": "ops.html", "/try": "try.html", "/docs": "docs.html"}
 STATIC_PREFIX = "/static/"
 
 

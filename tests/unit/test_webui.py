@@ -24,7 +24,7 @@ from tests.fuzz.spec import EARLIER, spec_dir
 
 REPO = Path(__file__).resolve().parents[2]
 HOST = {"host": "localhost"}
-PAGES = ["/", "/ops", "/try", "/docs"]
+PAGES = ["/", "/voice", "/ops", "/try", "/docs"]
 
 
 @pytest.fixture
