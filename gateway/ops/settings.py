@@ -240,7 +240,7 @@ class Settings(msgspec.Struct, kw_only=True):
         "seconds a `/v1/realtime` session may go without a client event while no response runs; then it ends "
         "with an `error` event", at_least=1)] = 600.0  # fmt: skip
     webui: Annotated[bool, Flag(
-        "serve no web UI (`/`, `/ops`, `/try`, `/docs`) and no `/openapi.json` (`GENIEX_NO_WEBUI=1`)",
+        "serve no web UI (`/`, `/voice`, `/ops`, `/try`, `/docs`) and no `/openapi.json` (`GENIEX_NO_WEBUI=1`)",
         option="--no-webui")] = True  # fmt: skip
     npu_performance: Annotated[str, Flag(
         "the NPU's performance mode (QNN's HTP voltage and clock votes): `auto` is `burst` on mains power and "
