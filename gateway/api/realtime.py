@@ -95,7 +95,8 @@ async def realtime(socket: WebSocket, services: NamedDependency[Services]) -> No
                 await end("session_idle", f"no client event for {settings.realtime_idle_s:g} s (--realtime-idle-s)")
                 break
             try:
-                message = await asyncio.wait_for(socket.receive(), max(0.5, min(left, idle_left if not busy else 5.0)))
+                async with asyncio.timeout(max(0.5, min(left, idle_left if not busy else 5.0))):
+                    message = await socket.receive()
             except TimeoutError:
                 if busy:
                     session.last_active = time.monotonic()

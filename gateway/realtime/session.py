@@ -47,6 +47,7 @@ MAX_VAD_BATCH_MS = 2_000  # audio sent to the VAD worker at once, when it fell b
 # Audio waiting for the VAD worker: a client sending faster than it is analysed is refused past this.
 MAX_VAD_BACKLOG_MS = 30_000
 TRAILING_MS = 200  # audio kept after the end of speech, so Whisper hears the word's end
+CLOSE_RETRY_S = 1.0  # a task that outlived its cancellation is cancelled again after this
 
 
 class RealtimeSession:
@@ -73,6 +74,7 @@ class RealtimeSession:
         self.vad_task: asyncio.Task[None] | None = None
         self.vad_ms = 0  # audio the VAD worker read, billed as its "prompt" once the session ends
         self.vad_backlog = 0  # bytes appended, not yet read by the VAD worker
+        self.closing = False
         self.max_audio_ms = int(services.settings.realtime_max_session_s * 1000)
         self.response: ResponseRun | None = None
         self.tasks: set[asyncio.Task[object]] = set()
@@ -244,6 +246,8 @@ class RealtimeSession:
         worker = None
         while True:
             pcm = await self.vad_audio.get()
+            if self.closing:
+                return
             while not self.vad_audio.empty() and len(pcm) < MAX_VAD_BATCH_MS * BYTES_PER_MS:
                 pcm += self.vad_audio.get_nowait()
             self.vad_backlog -= len(pcm)
@@ -439,11 +443,15 @@ class RealtimeSession:
 
     async def close(self) -> None:
         """Cancel everything still running for this session (on the workers too)."""
+        self.closing = True
+        self.vad_audio.put_nowait(b"")  # wakes the VAD loop, should a cancellation be lost on the way
         tasks = [t for t in (self.vad_task, self.response.task if self.response else None, *self.tasks,
                              *self.transcripts.values()) if t is not None and not t.done()]  # fmt: skip
-        for t in tasks:
-            t.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        while tasks:
+            for t in tasks:
+                t.cancel()
+            _, left = await asyncio.wait(tasks, timeout=CLOSE_RETRY_S)
+            tasks = list(left)
         if self.vad_ms and self.settings.vad_model:
             self.services.accounting(self.settings.vad_model, self.caller, None).settle(
                 "ok", max(1, self.vad_ms // 1000), 0

@@ -566,9 +566,16 @@ class WorkerHandle:
         limit = CALL_TIMEOUT_S[type(msg)] if timeout is None else timeout
         try:
             self._send(msgspec.structs.replace(msg, req_id=req_id))
+            # asyncio.timeout, not wait_for: Python 3.11's wait_for drops a cancellation that meets
+            # the answer in one loop turn, and a caller that loops (a realtime session's VAD) then
+            # never learns it was cancelled (bench/realtime.py found sessions that never closed).
+            scope = asyncio.timeout(limit)
             try:
-                reply = await within(asyncio.wait_for(_next(pending.queue), limit))
+                async with scope:
+                    reply = await within(_next(pending.queue))
             except TimeoutError:
+                if not scope.expired():
+                    raise  # the request's own deadline (within) says so itself
                 kind = type(msg).__struct_config__.tag
                 raise GatewayTimeout(f"the worker for {self.key.model} did not answer this {kind} request within "
                                      f"{limit:g} s; it was cancelled") from None  # fmt: skip

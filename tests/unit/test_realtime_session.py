@@ -1,8 +1,14 @@
-"""Server VAD's turn taking and the sentence cutter of spoken answers: the rules, without models."""
+"""Server VAD's turn taking, the sentence cutter of spoken answers and a session's close: without models."""
 
 from __future__ import annotations
 
+import asyncio
+from types import SimpleNamespace
+from typing import Any, cast
+
+from gateway.realtime.config import SessionSettings
 from gateway.realtime.sentences import LONG_CHARS, Sentences
+from gateway.realtime.session import RealtimeSession
 from gateway.realtime.turns import MIN_SPEECH_MS, Turn, TurnTaker
 from protocol.wire import VAD_WINDOW_MS
 
@@ -50,3 +56,28 @@ def test_a_long_run_without_an_end_is_cut_at_a_clause() -> None:
     text = "word, " * (LONG_CHARS // 6 + 5)
     out = s.feed(text)
     assert out and all(len(x) <= LONG_CHARS for x in out) and out[0].endswith(",")
+
+
+async def test_a_session_closes_even_when_a_task_loses_its_cancellation() -> None:
+    """Python 3.11's wait_for can drop a cancellation that meets an answer: a task that goes on
+    waiting for audio must still end when the session closes."""
+
+    async def send(_: str) -> None:
+        pass
+
+    services = cast(Any, SimpleNamespace(settings=SimpleNamespace(realtime_max_session_s=60.0)))
+    settings = SessionSettings(id="s", kind="realtime", chat_model="m", transcriber="w", vad_model="v",
+                               voice_model="p", turn_detection=None)  # fmt: skip
+    session = RealtimeSession(services, settings, send, "caller", "", "log")
+
+    async def stubborn() -> None:
+        try:
+            await asyncio.sleep(3600)
+        except asyncio.CancelledError:
+            pass  # the cancellation lost, as wait_for may lose it
+        await session.vad_audio.get()  # then waits for audio, as the VAD loop does
+
+    session.vad_task = asyncio.create_task(stubborn())
+    await asyncio.sleep(0)
+    await asyncio.wait_for(session.close(), 10)
+    assert session.vad_task.done()
