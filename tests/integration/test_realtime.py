@@ -28,7 +28,7 @@ from websockets.sync.client import ClientConnection, connect
 
 from tests.conftest import MODEL
 from tests.server_proc import ServerProcess
-from tests.speech import WHISPER_MODEL, word_error_rate
+from tests.speech import WHISPER_MODEL, wav_bytes, word_error_rate
 
 VOICE = "rhasspy/piper-en_US-joe:medium"
 QUESTION = "What is the capital of France?"
@@ -55,13 +55,7 @@ def spoken(server: ServerProcess, text: str, before_s: float = 0.5, after_s: flo
 
 
 def transcribed(server: ServerProcess, pcm: bytes) -> str:
-    buf = io.BytesIO()
-    with wave.open(buf, "wb") as w:
-        w.setnchannels(1)
-        w.setsampwidth(2)
-        w.setframerate(RATE)
-        w.writeframes(pcm)
-    return transcribed_wav(server, buf.getvalue())
+    return transcribed_wav(server, wav_bytes(np.frombuffer(pcm, dtype="<i2"), RATE))
 
 
 def transcribed_wav(server: ServerProcess, wav: bytes) -> str:
