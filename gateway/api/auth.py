@@ -100,17 +100,17 @@ class ApiKeyAuth:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         http = cast("HTTPScope", scope)
-        if scope["type"] == "websocket" and self.keys.enabled:
-            await self._websocket(scope, receive, send)
-            return
-        if scope["type"] != "http" or not self.keys.enabled or scope["path"] in self.open_paths \
-                or http["method"] == "OPTIONS" \
-                or (self.open_prefix is not None and scope["path"].startswith(self.open_prefix)):  # fmt: skip
+        # A WebSocket (`/v1/realtime`) holds its key for its whole session: refused before it opens
+        # (the client sees a 403 on its handshake), and counted as one request of its key's.
+        socket = scope["type"] == "websocket"
+        if not self.keys.enabled or not (socket or scope["type"] == "http") or (not socket and (
+                scope["path"] in self.open_paths or http["method"] == "OPTIONS"
+                or (self.open_prefix is not None and scope["path"].startswith(self.open_prefix)))):  # fmt: skip
             await self.app(scope, receive, send)
             return
         key = self.keys.check(presented_key(dict(http["headers"])))
         if key is None:
-            await _unauthorized(send, scope["path"])
+            await (_refuse_socket(send, "missing or wrong API key") if socket else _unauthorized(send, scope["path"]))
             return
         state = http.setdefault("state", {})
         state[CALLER] = key.label
@@ -124,38 +124,17 @@ class ApiKeyAuth:
             return
         refusal = self.limiter.admit(key.label, key.limits)
         if refusal is not None:
-            await _too_many(send, scope["path"], refusal)
+            await (_refuse_socket(send, refusal.message()) if socket else _too_many(send, scope["path"], refusal))
             return
         try:
             await self.app(scope, receive, send)
         finally:
             self.limiter.release(key.label)
 
-    async def _websocket(self, scope: Scope, receive: Receive, send: Send) -> None:
-        """A WebSocket (`/v1/realtime`) holds its key for the whole session: refused before it opens
-        (the client sees a 403 on the handshake); its sessions are also bounded by the realtime route."""
-        key = self.keys.check(presented_key(dict(scope["headers"])))
-        if key is None:
-            log.info("websocket refused: missing or wrong API key", path=scope["path"])
-            await send({"type": "websocket.close", "code": 1008, "reason": "missing or wrong API key"})
-            return
-        state = scope.setdefault("state", {})
-        state[CALLER], state[MANAGE], state[MCP_SERVERS] = key.label, key.manage, key.mcp
-        structlog.contextvars.bind_contextvars(api_key=key.label)
-        if not key.limits.any:
-            await self.app(scope, receive, send)
-            return
-        # A session is one request of its key's: admitted by its limits, and holding one of its
-        # concurrent requests while it lasts.
-        refusal = self.limiter.admit(key.label, key.limits)
-        if refusal is not None:
-            log.info("websocket refused by a key limit", limit=refusal.limit, retry_after_s=refusal.retry_after_s)
-            await send({"type": "websocket.close", "code": 1008, "reason": refusal.message()[:120]})
-            return
-        try:
-            await self.app(scope, receive, send)
-        finally:
-            self.limiter.release(key.label)
+
+async def _refuse_socket(send: Send, why: str) -> None:
+    log.info("websocket refused", why=why)
+    await send({"type": "websocket.close", "code": 1008, "reason": why[:120]})
 
 
 async def _unauthorized(send: Send, path: str) -> None:
