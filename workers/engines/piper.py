@@ -48,7 +48,7 @@ from workers.engines.piper_text import (
     sentence_phonemes,
     split_sentences,
 )
-from workers.engines.vad import Resampler
+from workers.engines.resample import Resampler
 
 log = structlog.get_logger("worker.piper")
 
