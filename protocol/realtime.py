@@ -3,7 +3,7 @@ and parses), as msgspec structs.
 
 Client events are read leniently where OpenAI's clients send fields this server has no use for
 (`tracing`, `noise_reduction`, `include`): unknown fields are ignored, never an error. What this
-server cannot do as asked is an `error` event naming the field (gateway/realtime/session_config.py).
+server cannot do as asked is an `error` event naming the field (gateway/realtime/config.py).
 Server events carry an `event_id` each; items and responses carry `object`, as OpenAI's do.
 """
 
