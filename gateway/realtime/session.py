@@ -471,10 +471,12 @@ def _decode(raw: str) -> rt.ClientEvent:
         raise RealtimeProblem(f"invalid event: {exc}", "invalid_value", _path(str(exc))) from None
     except msgspec.DecodeError:
         raise RealtimeProblem("the event is not a JSON object", "invalid_json") from None
+    except RecursionError:  # as gateway/api/body.py's read_json: Python's limit bounds msgspec's nesting
+        raise RealtimeProblem("the event nests too deeply", "invalid_json") from None
 
 
 def _kind(raw: str) -> str | None:
-    with contextlib.suppress(msgspec.DecodeError, msgspec.ValidationError):
+    with contextlib.suppress(msgspec.DecodeError, msgspec.ValidationError, RecursionError):
         kind = msgspec.json.decode(raw, type=dict[str, object]).get("type")
         return kind if isinstance(kind, str) else None
     return None

@@ -319,6 +319,10 @@ def test_bad_events_get_an_error_event_and_the_session_goes_on(server: ServerPro
     assert refused(ws, {"type": "conversation.item.create", "item": {"type": "message", "role": "user", "content": [
         {"type": "input_text", "text": "hi"}]}, "previous_item_id": "item_nope"})["code"] == "item_not_found"  # fmt: skip
     assert refused(ws, {"type": "session.update", "session": {"model": "nobody/nothing"}})["code"] == "model_not_found"
+    assert refused(ws, {"type": "session.update", "session": {"model": "a\x00b/c"}})["param"] == "session.model"
+    assert refused(ws, '{"type": "session.update", "session": {"tool_choice": {"x": ' + "[" * 100_000 + "]" * 100_000
+                   + "}}}")["code"] == "invalid_json"  # nested past what is parsed  # fmt: skip
+    assert refused(ws, {"type": "session.update", "session": {"temperature": 1e308}})["param"] == "session.temperature"
     # The session still serves: a text turn, and a second response.create while it runs is refused.
     ws.send(json.dumps({"type": "session.update", "session": {**BRIEF, "output_modalities": ["text"],
                                                               "audio": {"input": {"turn_detection": None}}}}))  # fmt: skip
