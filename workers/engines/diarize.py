@@ -285,12 +285,6 @@ class SenkoEngine(SerialJobs):
         self.diarizer.logical_cores = max(1, n)
         self.torch.set_num_threads(max(1, n))
 
-    def idle(self) -> None:
-        pass
-
-    def close(self) -> None:
-        self.jobs.clear()
-
 
 def load(opts: EngineOptions) -> SenkoEngine:
     return SenkoEngine(opts)

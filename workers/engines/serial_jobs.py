@@ -1,5 +1,6 @@
 """The queue of an engine that works through one request at a time, in arrival order, a step of
-the front job per loop turn (speech to text, diarization): what cancelling and `has_work` mean there."""
+the front job per loop turn (speech to text, diarization, voice activity): what cancelling, `has_work`,
+`idle` and `close` mean there."""
 
 from __future__ import annotations
 
@@ -23,3 +24,9 @@ class SerialJobs:
 
     def has_work(self) -> bool:
         return bool(self.jobs)
+
+    def idle(self) -> None:
+        pass  # nothing to tidy between requests: a job holds all it uses
+
+    def close(self) -> None:
+        self.jobs.clear()

@@ -204,12 +204,6 @@ class VadEngine(SerialJobs):
     def set_threads(self, n: int) -> None:
         pass  # one thread always
 
-    def idle(self) -> None:
-        pass
-
-    def close(self) -> None:
-        self.jobs.clear()
-
 
 def load(opts: EngineOptions) -> VadEngine:
     return VadEngine(opts)

@@ -242,12 +242,6 @@ class WhisperEngine(SerialJobs):
     def set_threads(self, n: int) -> None:
         pass  # CTranslate2 fixes its threads when the model is loaded
 
-    def idle(self) -> None:
-        pass
-
-    def close(self) -> None:
-        self.jobs.clear()
-
 
 def load(opts: EngineOptions) -> WhisperEngine:
     return WhisperEngine(opts)
