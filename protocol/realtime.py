@@ -285,22 +285,29 @@ class Session(msgspec.Struct, omit_defaults=True):
     expires_at: int | None = None
 
 
-class SessionCreated(ServerEvent, tag="session.created"):
+class _SessionEvent(ServerEvent):
     session: Session
 
 
-class SessionUpdated(ServerEvent, tag="session.updated"):
-    session: Session
+class SessionCreated(_SessionEvent, tag="session.created"):
+    pass
 
 
-class ConversationItemAdded(ServerEvent, tag="conversation.item.added"):
+class SessionUpdated(_SessionEvent, tag="session.updated"):
+    pass
+
+
+class _ConversationItemEvent(ServerEvent):
     item: Item
     previous_item_id: str | None = None
 
 
-class ConversationItemDone(ServerEvent, tag="conversation.item.done"):
-    item: Item
-    previous_item_id: str | None = None
+class ConversationItemAdded(_ConversationItemEvent, tag="conversation.item.added"):
+    pass
+
+
+class ConversationItemDone(_ConversationItemEvent, tag="conversation.item.done"):
+    pass
 
 
 class ConversationItemDeleted(ServerEvent, tag="conversation.item.deleted"):
@@ -336,33 +343,28 @@ class Cleared(ServerEvent, tag="input_audio_buffer.cleared"):
     pass
 
 
-class TimeoutTriggered(ServerEvent, tag="input_audio_buffer.timeout_triggered"):
-    audio_start_ms: int
-    audio_end_ms: int
-    item_id: str
-
-
 class DurationUsage(msgspec.Struct):
     seconds: float
     type: str = "duration"
 
 
-class TranscriptionDelta(ServerEvent, tag="conversation.item.input_audio_transcription.delta"):
+class _TranscriptionEvent(ServerEvent):
+    """An event of a user audio part's transcription."""
+
     item_id: str
     content_index: int
+
+
+class TranscriptionDelta(_TranscriptionEvent, tag="conversation.item.input_audio_transcription.delta"):
     delta: str
 
 
-class TranscriptionCompleted(ServerEvent, tag="conversation.item.input_audio_transcription.completed"):
-    item_id: str
-    content_index: int
+class TranscriptionCompleted(_TranscriptionEvent, tag="conversation.item.input_audio_transcription.completed"):
     transcript: str
     usage: DurationUsage
 
 
-class TranscriptionFailed(ServerEvent, tag="conversation.item.input_audio_transcription.failed"):
-    item_id: str
-    content_index: int
+class TranscriptionFailed(_TranscriptionEvent, tag="conversation.item.input_audio_transcription.failed"):
     error: ErrorDetail
 
 
@@ -407,24 +409,30 @@ class Response(msgspec.Struct, omit_defaults=True):
     metadata: dict[str, str] | None = None
 
 
-class ResponseCreated(ServerEvent, tag="response.created"):
+class _ResponseEvent(ServerEvent):
     response: Response
 
 
-class ResponseDone(ServerEvent, tag="response.done"):
-    response: Response
+class ResponseCreated(_ResponseEvent, tag="response.created"):
+    pass
 
 
-class OutputItemAdded(ServerEvent, tag="response.output_item.added"):
+class ResponseDone(_ResponseEvent, tag="response.done"):
+    pass
+
+
+class _OutputItemEvent(ServerEvent):
     response_id: str
     output_index: int
     item: Item
 
 
-class OutputItemDone(ServerEvent, tag="response.output_item.done"):
-    response_id: str
-    output_index: int
-    item: Item
+class OutputItemAdded(_OutputItemEvent, tag="response.output_item.added"):
+    pass
+
+
+class OutputItemDone(_OutputItemEvent, tag="response.output_item.done"):
+    pass
 
 
 class Part(msgspec.Struct, omit_defaults=True):
@@ -474,18 +482,19 @@ class OutputAudioDone(PartEvent, tag="response.output_audio.done"):
     pass
 
 
-class FunctionCallArgumentsDelta(ServerEvent, tag="response.function_call_arguments.delta"):
+class _CallEvent(ServerEvent):
+    """An event of a function_call item's arguments."""
+
     response_id: str
     item_id: str
     output_index: int
     call_id: str
+
+
+class FunctionCallArgumentsDelta(_CallEvent, tag="response.function_call_arguments.delta"):
     delta: str
 
 
-class FunctionCallArgumentsDone(ServerEvent, tag="response.function_call_arguments.done"):
-    response_id: str
-    item_id: str
-    output_index: int
-    call_id: str
+class FunctionCallArgumentsDone(_CallEvent, tag="response.function_call_arguments.done"):
     name: str
     arguments: str
