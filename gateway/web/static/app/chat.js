@@ -251,18 +251,10 @@
   let models = [];
 
   async function loadModels() {
-    try {
-      models = (await G.models()).filter((m) => (m.capabilities || []).includes("chat"));
-      G.banner(models.length ? "" : "No chat model is installed: `geniex pull org/repo` fetches one.");
-    } catch (e) {
-      G.banner(e.message);
-      return;
-    }
-    const select = $("model");
-    const chosen = select.value || (current && current.model);
-    select.replaceChildren(...models.map((m) => el("option", { value: m.id },
-      `${m.id}${m.loaded && m.loaded.length ? " · loaded" : ""}`)));
-    if (chosen && models.some((m) => m.id === chosen)) select.value = chosen;
+    const got = await G.chatModels($("model"), current && current.model,
+      (m) => `${m.id}${m.loaded && m.loaded.length ? " · loaded" : ""}`);
+    if (!got) return;
+    models = got;
     describeModel();
   }
 

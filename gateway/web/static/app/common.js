@@ -83,6 +83,23 @@ const G = (() => {
 
   async function models() { return (await json("/v1/models")).data; }
 
+  // Fills `select` with the installed chat models (keeping its choice, else `preferred`), each
+  // option's text `label(model)`; returns them, or null when they could not be read (the banner says why).
+  async function chatModels(select, preferred, label = (m) => m.id) {
+    let list;
+    try {
+      list = (await models()).filter((m) => (m.capabilities || []).includes("chat"));
+      banner(list.length ? "" : "No chat model is installed: `geniex pull org/repo` fetches one.");
+    } catch (e) {
+      banner(e.message);
+      return null;
+    }
+    const chosen = select.value || preferred;
+    select.replaceChildren(...list.map((m) => el("option", { value: m.id }, label(m))));
+    if (chosen && list.some((m) => m.id === chosen)) select.value = chosen;
+    return list;
+  }
+
   function setupKeyField() {
     const input = document.getElementById("api-key");
     if (!input) return;
@@ -96,5 +113,5 @@ const G = (() => {
   }
 
   document.addEventListener("DOMContentLoaded", setupKeyField);
-  return { ApiError, apiKey, headers, explain, call, json, banner, el, bytes, models };
+  return { ApiError, apiKey, headers, explain, call, json, banner, el, bytes, models, chatModels };
 })();

@@ -378,18 +378,7 @@
   // --- models ------------------------------------------------------------------------------------
 
   async function loadModels() {
-    let models;
-    try {
-      models = (await G.models()).filter((m) => (m.capabilities || []).includes("chat"));
-      G.banner(models.length ? "" : "No chat model is installed: `geniex pull org/repo` fetches one.");
-    } catch (e) {
-      G.banner(e.message);
-      return;
-    }
-    const select = $("model");
-    const chosen = select.value;
-    select.replaceChildren(...models.map((m) => el("option", { value: m.id }, m.id)));
-    if (chosen && models.some((m) => m.id === chosen)) select.value = chosen;
+    await G.chatModels($("model"));
   }
 
   document.addEventListener("DOMContentLoaded", () => {
