@@ -17,6 +17,7 @@ from typing import Protocol, TypeVar
 import msgspec
 from litestar.response import ServerSentEventMessage
 
+from gateway.api.encoding import encode
 from gateway.api.relay import Completion, Tagged
 from gateway.api.stream_billing import FINAL, Stream, billed
 from gateway.chat.shape import ChoiceShaper
@@ -24,13 +25,13 @@ from gateway.errors import GenieXError
 from protocol.chat import ChunkDelta, Usage
 from protocol.wire import Done, Started
 
-_encode = msgspec.json.Encoder().encode
 T = TypeVar("T")
 
 
 def event(ev: msgspec.Struct) -> ServerSentEventMessage:
-    """`event: <type>` and `data: <json>`: both dialects name every event after its `type` tag."""
-    return ServerSentEventMessage(data=_encode(ev), event=ev.__struct_config__.tag)  # type: ignore[arg-type]
+    """`event: <type>` and `data: <json>`: the dialects (and the audio routes' streams) name every
+    event after its `type` tag."""
+    return ServerSentEventMessage(data=encode(ev), event=ev.__struct_config__.tag)  # type: ignore[arg-type]
 
 
 class Renderer(Protocol):

@@ -28,12 +28,11 @@ from litestar.response import ServerSentEvent, ServerSentEventMessage
 from gateway.api.auth import caller_of
 from gateway.api.body import read_json
 from gateway.api.chat import KEEP_CACHE_HEADER, header_true
+from gateway.api.dialect_stream import event
 from gateway.api.disconnect import unless_disconnected
-from gateway.api.encoding import encode
 from gateway.api.request_id import current_request_id
 from gateway.api.services import Services
-from gateway.api.stream_billing import FINAL, Stream, billed
-from gateway.errors import GenieXError
+from gateway.api.stream_billing import FINAL, Stream, billed, error_event
 from gateway.ops.accounting import Accounting
 from protocol.speech import SpeechAudioDelta, SpeechAudioDone, SpeechRequest, SpeechUsage
 from protocol.wire import Audio, Done, Speak
@@ -98,10 +97,6 @@ async def collect(stream: AsyncIterator[Audio | Done], tally: Tally) -> bytes:
     return b"".join(chunks)
 
 
-def _event(ev: SpeechAudioDelta | SpeechAudioDone) -> ServerSentEventMessage:
-    return ServerSentEventMessage(data=encode(ev), event=ev.__struct_config__.tag)  # type: ignore[arg-type]
-
-
 def events(first: Audio | Done, rest: AsyncIterator[Audio | Done], tally: Tally) -> AsyncIterator[ServerSentEventMessage]:  # fmt: skip
     """A delta event per sentence, then the done event with the usage; an error after the first
     byte becomes an error event (the status has gone out)."""
@@ -111,16 +106,13 @@ def events(first: Audio | Done, rest: AsyncIterator[Audio | Done], tally: Tally)
         while isinstance(msg, Audio):
             tally.audio(msg)
             if msg.pcm:
-                yield _event(SpeechAudioDelta(audio=base64.b64encode(msg.pcm).decode("ascii")))
+                yield event(SpeechAudioDelta(audio=base64.b64encode(msg.pcm).decode("ascii")))
             msg = await anext(rest)
         tally.done(msg)
         yield FINAL
-        yield _event(SpeechAudioDone(usage=tally.usage()))
+        yield event(SpeechAudioDone(usage=tally.usage()))
 
-    def fail(exc: GenieXError) -> list[ServerSentEventMessage]:
-        return [ServerSentEventMessage(data=encode({"error": exc.message}), event="error")]
-
-    return billed(sentences(), tally.settle, fail)
+    return billed(sentences(), tally.settle, error_event)
 
 
 @post("/v1/audio/speech", status_code=200)

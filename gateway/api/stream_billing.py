@@ -16,7 +16,9 @@ from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterable
 from typing import Final, Literal, TypeVar
 
 import structlog
+from litestar.response import ServerSentEventMessage
 
+from gateway.api.encoding import encode
 from gateway.errors import GenieXError
 from gateway.ops.accounting import outcome_of
 
@@ -65,3 +67,8 @@ async def billed(source: Stream[T], settle: Callable[[str], None],
     finally:
         once("ok")  # a source that ended without marking its ending still counts, once
         await source.aclose()  # left early: the route's generator ends now, not when collected
+
+
+def error_event(exc: GenieXError) -> list[ServerSentEventMessage]:
+    """The `fail` of the routes whose stream ends in a plain error: `event: error`, `{"error": ...}`."""
+    return [ServerSentEventMessage(data=encode({"error": exc.message}), event="error")]

@@ -32,11 +32,11 @@ from litestar.response import ServerSentEvent, ServerSentEventMessage
 from gateway.api import transcript_formats as formats
 from gateway.api.auth import caller_of
 from gateway.api.body import validation_error
+from gateway.api.dialect_stream import event
 from gateway.api.disconnect import unless_disconnected
-from gateway.api.encoding import encode
 from gateway.api.request_id import current_request_id
 from gateway.api.services import Services
-from gateway.api.stream_billing import FINAL, Stream, billed
+from gateway.api.stream_billing import FINAL, Stream, billed, error_event
 from gateway.errors import BadRequest, GenieXError, Unsupported
 from gateway.models.store import WHISPER_MODEL_ID
 from gateway.ops.accounting import Accounting
@@ -136,10 +136,6 @@ class StreamTally:
         self.accounting.settle(outcome, math.ceil(self.seconds), self.tokens)
 
 
-def _event(ev: TranscriptTextDelta | TranscriptTextDone) -> ServerSentEventMessage:
-    return ServerSentEventMessage(data=encode(ev), event=ev.__struct_config__.tag)  # type: ignore[arg-type]
-
-
 def events(first: TranscriptPart | Transcript, rest: AsyncIterator[TranscriptPart | Transcript],
            tally: StreamTally) -> AsyncIterator[ServerSentEventMessage]:  # fmt: skip
     async def segments() -> Stream[ServerSentEventMessage]:
@@ -147,16 +143,13 @@ def events(first: TranscriptPart | Transcript, rest: AsyncIterator[TranscriptPar
         while isinstance(msg, TranscriptPart):
             text = tally.part(msg.segment)
             if text:
-                yield _event(TranscriptTextDelta(delta=text))
+                yield event(TranscriptTextDelta(delta=text))
             msg = await anext(rest)
         done = tally.done(msg)
         yield FINAL
-        yield _event(done)
+        yield event(done)
 
-    def fail(exc: GenieXError) -> list[ServerSentEventMessage]:
-        return [ServerSentEventMessage(data=encode({"error": exc.message}), event="error")]
-
-    return billed(segments(), tally.settle, fail)
+    return billed(segments(), tally.settle, error_event)
 
 
 async def _ask(request: Request, model: str, work: Awaitable[T]) -> T:
