@@ -76,11 +76,14 @@ class SessionSettings:
         )  # fmt: skip
 
 
-def _first_able(services: Services, capability: str) -> str:
+def _firsts(services: Services, *capabilities: str) -> list[str]:
+    """For each capability, the id of the store's first model that has it ("" if none)."""
+    found = dict.fromkeys(capabilities, "")
     for entry in services.store.entries():
-        if capability in capabilities_of(worker_engine(entry), entry.path):
-            return entry.id
-    return ""
+        for capability in capabilities_of(worker_engine(entry), entry.path):
+            if found.get(capability) == "":
+                found[capability] = entry.id
+    return list(found.values())
 
 
 def _model(services: Services, name: str, capability: str, param: str) -> str:
@@ -99,10 +102,9 @@ def opened(services: Services, session_id: str, chat_model: str | None, intent: 
         if kind == "transcription"
         else _model(services, chat_model or DEFAULT_MODEL_ID, "chat", "model")
     )
-    settings = SessionSettings(
-        id=session_id, kind=kind, chat_model=chat, transcriber=_first_able(services, "transcription") or WHISPER_MODEL_ID,
-        vad_model=_first_able(services, "vad"), voice_model=_first_able(services, "speech"),
-    )  # fmt: skip
+    transcriber, vad, voice = _firsts(services, "transcription", "vad", "speech")
+    settings = SessionSettings(id=session_id, kind=kind, chat_model=chat, transcriber=transcriber or WHISPER_MODEL_ID,
+                               vad_model=vad, voice_model=voice)  # fmt: skip
     if kind == "transcription":
         settings = replace(
             settings, transcription=rt.TranscriptionOut(model=settings.transcriber), modalities=("text",)

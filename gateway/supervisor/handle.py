@@ -91,6 +91,7 @@ from protocol.worker_args import WorkerArgs
 log = structlog.get_logger("gateway.worker")
 
 Streamed = Started | Delta | Done  # what a generation yields
+LAST_REPLIES = (Done, Transcript)  # what ends a streamed request (a tuple: checked per token)
 # Requests answered with one reply, and those replies.
 OneShot = (
     CountTokens
@@ -609,7 +610,7 @@ class WorkerHandle:
             self._send(msgspec.structs.replace(msg, req_id=req_id))
             while True:
                 reply = await within(_next(pending.queue))
-                if isinstance(reply, Done | Transcript):
+                if isinstance(reply, LAST_REPLIES):
                     finished = True
                     self.requests_served += 1
                     self._left()
