@@ -18,9 +18,7 @@ import asyncio
 import base64
 import binascii
 import contextlib
-import io
 import time
-import wave
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 
@@ -28,6 +26,7 @@ import msgspec
 import structlog
 
 from gateway.api.services import Services
+from gateway.api.speech import wav
 from gateway.errors import GenieXError
 from gateway.realtime.config import RealtimeProblem, SessionSettings, updated
 from gateway.realtime.response import ResponseRun
@@ -339,7 +338,7 @@ class RealtimeSession:
         text = ""
         try:
             worker = await accounting.guard(self.services.worker(self.services.store.resolve(s.transcriber)))
-            stream = worker.transcribe(Transcribe(0, self.log_id, _wav(pcm), s.language, s.prompt))
+            stream = worker.transcribe(Transcribe(0, self.log_id, wav(pcm, rt.PCM_RATE), s.language, s.prompt))
             async for msg in stream:
                 if isinstance(msg, TranscriptPart):
                     if tell and msg.segment.text.strip():
@@ -485,13 +484,3 @@ def _kind(raw: str) -> str | None:
 def _path(message: str) -> str | None:
     at = message.rpartition(" - at `$.")[2]
     return at.rstrip("`") if at != message else None
-
-
-def _wav(pcm: bytes) -> bytes:
-    buf = io.BytesIO()
-    with wave.open(buf, "wb") as w:
-        w.setnchannels(1)
-        w.setsampwidth(2)
-        w.setframerate(rt.PCM_RATE)
-        w.writeframes(pcm)
-    return buf.getvalue()
