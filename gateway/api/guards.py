@@ -42,6 +42,11 @@ def same_origin(origin: str, host: str) -> bool:
     return bool(host) and origin.lower() in (f"http://{host}".lower(), f"https://{host}".lower())
 
 
+def _origin(headers: dict[bytes, bytes]) -> str | None:
+    origin = headers.get(b"origin")
+    return None if origin is None else origin.decode("latin-1")
+
+
 class BrowserGuard:
     def __init__(self, app: ASGIApp, allowed_hosts: frozenset[str] | None, origins: tuple[str, ...] = ()) -> None:
         """`allowed_hosts` None: any Host header (the operator said `--allowed-host '*'`);
@@ -59,17 +64,16 @@ class BrowserGuard:
             return
         headers = dict(scope["headers"])
         host = headers.get(b"host", b"").decode("latin-1")
-        if self.allowed_hosts is not None and host and host_name(host) not in self.allowed_hosts:
+        if self._foreign_host(host):
             await send_error(send, scope["path"], 403, f"this server does not answer to the host name {host[:100]!r} "
                              "(a defence against DNS rebinding); its operator can allow it with --allowed-host")  # fmt: skip
             return
         if cast("HTTPScope", scope)["method"] in WITH_BODY:
             ctype = headers.get(b"content-type", b"").split(b";")[0].strip().lower()
             if ctype == FORM_TYPE and scope["path"] in FORM_PATHS:
-                origin = headers.get(b"origin")
-                if origin is not None and "*" not in self.origins and origin.decode("latin-1") not in self.origins \
-                        and not (self.allowed_hosts is not None and same_origin(origin.decode("latin-1"), host)):  # fmt: skip
-                    await send_error(send, scope["path"], 403, f"a form posted from the web page {origin.decode('latin-1')[:100]!r} "
+                origin = _origin(headers)
+                if self._foreign_origin(origin, host):
+                    await send_error(send, scope["path"], 403, f"a form posted from the web page {(origin or '')[:100]!r} "
                                      "is refused (a page may post a form to any address); its operator can allow the "
                                      "origin with --origins")  # fmt: skip
                     return
@@ -79,17 +83,24 @@ class BrowserGuard:
                 return
         await self.app(scope, receive, send)
 
+    def _foreign_host(self, host: str) -> bool:
+        return self.allowed_hosts is not None and bool(host) and host_name(host) not in self.allowed_hosts
+
+    def _foreign_origin(self, origin: str | None, host: str) -> bool:
+        """A browser's page (None: the SDKs and curl) that is neither one of `--origins` nor this server's own."""
+        return origin is not None and "*" not in self.origins and origin not in self.origins \
+            and not (self.allowed_hosts is not None and same_origin(origin, host))  # fmt: skip
+
     async def _websocket(self, scope: Scope, receive: Receive, send: Send) -> None:
         """A page may open a WebSocket to any address (no CORS applies to them): as for forms, a
         browser's `Origin` must be this server's own page or one of `--origins`; and the Host as above."""
         headers = dict(scope["headers"])
         host = headers.get(b"host", b"").decode("latin-1")
-        origin = headers.get(b"origin", b"").decode("latin-1")
-        if self.allowed_hosts is not None and host and host_name(host) not in self.allowed_hosts:
+        origin = _origin(headers)
+        if self._foreign_host(host):
             why = f"host name {host[:100]!r} not answered (a defence against DNS rebinding)"
-        elif origin and "*" not in self.origins and origin not in self.origins \
-                and not (self.allowed_hosts is not None and same_origin(origin, host)):  # fmt: skip
-            why = f"a WebSocket opened by the web page {origin[:100]!r} is refused; --origins allows an origin"
+        elif self._foreign_origin(origin, host):
+            why = f"a WebSocket opened by the web page {(origin or '')[:100]!r} is refused; --origins allows an origin"
         else:
             await self.app(scope, receive, send)
             return
