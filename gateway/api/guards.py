@@ -1,11 +1,15 @@
 """Defences against the web pages a user visits while the server runs on their machine.
 
-- A page may POST a `text/plain` body to any address without a CORS preflight: every request
-  with a body must say `application/json`, else 415 (the OpenAI SDKs and curl with `-H` do).
-  The routes whose spec takes `multipart/form-data` (FORM_PATHS) take it too; a page can post
-  such a form without a preflight as well, but a browser always names the page in `Origin`, so
-  a form whose Origin is not one of `--origins` (nor this server itself: its web UI) is refused
-  (403). The SDKs and curl send none.
+- A page may POST to any address without a CORS preflight (so with no say from `--origins`) only
+  with a body of a type Fetch calls CORS-safelisted, `text/plain`,
+  `application/x-www-form-urlencoded` or `multipart/form-data` (what a form sends), or with no
+  type at all (`fetch()` of an ArrayBuffer or an untyped Blob). Every other type, JSON included,
+  makes the browser ask first, and CORS answers it. So: a safelisted type is refused (415), but on
+  the routes whose spec takes `multipart/form-data` (FORM_PATHS), which take it; a form there,
+  and a body with no type anywhere, are refused (403) when a browser's page sent them: a browser
+  names the page in `Origin` on every POST, and it must be one of `--origins` or this server
+  itself (its web UI). The SDKs, curl and Ollama's clients send no Origin, and a body with no type
+  is read as JSON (LiteLLM's Ollama provider sends none; Ollama takes it).
 - DNS rebinding lets a page on an attacker's domain reach 127.0.0.1 under its own host name, and
   then read the answers: the `Host` header must be one this server answers to (loopback names and
   the address it is bound to, plus `--allowed-host`), else 403.
@@ -24,8 +28,9 @@ log = structlog.get_logger("gateway.guards")
 
 LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "::1"})
 WITH_BODY = frozenset({"POST", "PUT", "PATCH"})
-JSON_TYPES = (b"application/json",)
 FORM_TYPE = b"multipart/form-data"
+# What a page may send anywhere without a preflight (Fetch's CORS-safelisted `Content-Type`s).
+SAFELISTED_TYPES = frozenset({b"text/plain", b"application/x-www-form-urlencoded", FORM_TYPE})
 FORM_PATHS = frozenset({"/v1/audio/transcriptions"})
 
 
@@ -69,19 +74,27 @@ class BrowserGuard:
                              "(a defence against DNS rebinding); its operator can allow it with --allowed-host")  # fmt: skip
             return
         if cast("HTTPScope", scope)["method"] in WITH_BODY:
-            ctype = headers.get(b"content-type", b"").split(b";")[0].strip().lower()
-            if ctype == FORM_TYPE and scope["path"] in FORM_PATHS:
-                origin = _origin(headers)
-                if self._foreign_origin(origin, host):
-                    await send_error(send, scope["path"], 403, f"a form posted from the web page {(origin or '')[:100]!r} "
-                                     "is refused (a page may post a form to any address); its operator can allow the "
-                                     "origin with --origins")  # fmt: skip
-                    return
-            elif ctype not in JSON_TYPES:
-                need = "multipart/form-data" if scope["path"] in FORM_PATHS else "application/json"
-                await send_error(send, scope["path"], 415, f"`Content-Type` must be {need}")
+            refusal = self._body_refusal(scope["path"], headers, host)
+            if refusal is not None:
+                await send_error(send, scope["path"], *refusal)
                 return
         await self.app(scope, receive, send)
+
+    def _body_refusal(self, path: str, headers: dict[bytes, bytes], host: str) -> tuple[int, str] | None:
+        """(status, why) for a body a web page may have sent without a preflight; None: let it in."""
+        # The MIME type's essence, as a browser reads it to decide whether to ask first.
+        ctype = headers.get(b"content-type", b"").split(b";")[0].strip().lower()
+        if ctype in SAFELISTED_TYPES and not (ctype == FORM_TYPE and path in FORM_PATHS):
+            need = "multipart/form-data" if path in FORM_PATHS else "application/json"
+            return 415, f"`Content-Type` must be {need}"
+        if ctype not in (FORM_TYPE, b""):
+            return None  # a type a page must ask about first: CORS answers for it
+        origin = _origin(headers)
+        if not self._foreign_origin(origin, host):
+            return None
+        what = "a form" if ctype else "a body without a `Content-Type`"
+        return 403, (f"{what} posted from the web page {(origin or '')[:100]!r} is refused (a page may post one to any "
+                     "address); its operator can allow the origin with --origins")  # fmt: skip
 
     def _foreign_host(self, host: str) -> bool:
         return self.allowed_hosts is not None and bool(host) and host_name(host) not in self.allowed_hosts

@@ -8,7 +8,9 @@ blocked and recorded; the last test checks that none was attempted.
 
 from __future__ import annotations
 
+import http.server
 import json
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -296,6 +298,65 @@ def test_the_chat_page_fits_a_phone(web: Browsing, chromium: Any, server: Server
         web.problems += phone.problems
     finally:
         phone.context.close()
+
+
+# Another site's page: every POST a page may send to any address without the browser asking first
+# (a string body is text/plain, URLSearchParams a urlencoded form, FormData a multipart form, an
+# ArrayBuffer or an untyped Blob no Content-Type at all), and a real form, each asking the server
+# to copy a model to a new name: had any got through, the name would exist.
+ATTACK = """<!doctype html><form id="f" method="post" enctype="text/plain" target="sink" action="%(api)s/api/copy">
+<input name='{"source": "%(model)s", "destination": "pwned-form", "x": "' value='"}'></form>
+<iframe name="sink"></iframe><script>
+const body = (to) => JSON.stringify({source: "%(model)s", destination: to});
+async function attack() {
+  const sends = [body("pwned-text"), new URLSearchParams({a: body("pwned-urlencoded")}),
+                 new FormData(), new TextEncoder().encode(body("pwned-bytes")).buffer,
+                 new Blob([body("pwned-blob")])];
+  for (const b of sends) await fetch("%(api)s/api/copy", {method: "POST", mode: "no-cors", body: b});
+  document.getElementById("f").submit();
+}
+</script>"""
+
+
+def _copies(server: ServerProcess) -> list[dict[str, Any]]:
+    """The request lines of /api/copy in the server's log."""
+    lines = (json.loads(line) for line in server.log().splitlines() if '"/api/copy"' in line)
+    return [line for line in lines if line.get("event") == "request" and line.get("path") == "/api/copy"]
+
+
+def test_another_sites_page_cannot_post_to_the_api(chromium: Any, server: ServerProcess) -> None:
+    html = (ATTACK % {"api": server.base_url, "model": MODEL}).encode()
+
+    class Page(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            self.send_response(200)
+            self.send_header("content-type", "text/html")
+            self.end_headers()
+            self.wfile.write(html)
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    site = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Page)  # another origin: another port
+    threading.Thread(target=site.serve_forever, daemon=True).start()
+    before = len(_copies(server))
+    context = chromium.new_context()
+    try:
+        page = context.new_page()
+        page.goto(f"http://127.0.0.1:{site.server_address[1]}/")
+        page.evaluate("attack()")
+        deadline = time.monotonic() + 30  # a bound on waiting for the form's request, not a speed claim
+        while len(_copies(server)) < before + 6:
+            assert time.monotonic() < deadline, server.log()[-3000:]
+            time.sleep(0.1)
+    finally:
+        context.close()
+        site.shutdown()
+    lines = _copies(server)[before:]
+    # 415 for the types a page may send, 403 for the body without a type (its Origin names the page)
+    assert sorted(line["status"] for line in lines) == [403, 403, 415, 415, 415, 415], lines
+    names = {m["name"] for m in httpx.get(server.base_url + "/api/tags", timeout=10).json()["models"]}
+    assert not any(n.startswith("pwned") for n in names), names
 
 
 def test_no_page_asked_another_host_or_broke_a_rule(web: Browsing) -> None:

@@ -29,6 +29,59 @@ def test_a_text_plain_post_is_refused_without_reaching_a_model(server: ServerPro
     assert ok.status_code == 200
 
 
+def _post_routes(server: ServerProcess) -> list[str]:
+    spec = httpx.get(f"{server.base_url}/openapi.json", timeout=10).json()
+    return [path for path, ops in spec["paths"].items() if "post" in ops]
+
+
+def _said(r: httpx.Response) -> str:
+    error = r.json()["error"]  # Anthropic's routes nest it: {"type": "error", "error": {"message": ...}}
+    return error["message"] if isinstance(error, dict) else error
+
+
+# What a page may send anywhere without a CORS preflight (a browser reads the type's essence).
+SAFELISTED = ("text/plain;charset=UTF-8", "application/x-www-form-urlencoded", "multipart/form-data; boundary=x")
+
+
+def test_what_a_page_can_post_anywhere_is_refused_on_every_route(server: ServerProcess) -> None:
+    """A page on another site may POST text/plain, a form, or a body with no type at all (fetch()
+    of an ArrayBuffer) without the browser asking first; the browser names the page in Origin."""
+    routes = _post_routes(server)
+    assert {"/v1/chat/completions", "/api/chat", "/v1/messages", "/v1/audio/transcriptions"} <= set(routes)
+    body = b'{"model": "%s", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}' % MODEL.encode()
+    page = {"origin": "https://evil.example"}
+    with httpx.Client(base_url=server.base_url, timeout=30) as http:
+        for path in routes:
+            for ctype in SAFELISTED:
+                form_route = path == "/v1/audio/transcriptions" and ctype.startswith("multipart/")
+                for origin in (page, {}):  # refused for its type, whether a page sent it or not
+                    if form_route and not origin:
+                        continue  # a form from no page: the route's own (this one is broken: a 400)
+                    r = http.post(path, content=body, headers={"content-type": ctype, **origin})
+                    status, says = (403, "--origins") if form_route else (415, "`Content-Type` must be")
+                    assert r.status_code == status and says in _said(r), (path, ctype, origin, r.status_code, r.text)
+            r = http.post(path, content=body, headers=page)  # no Content-Type, from a page
+            assert r.status_code == 403 and "--origins" in _said(r), (path, r.status_code, r.text)
+    assert "Traceback" not in server.log()
+
+
+def test_a_body_without_a_content_type_is_read_as_json(server: ServerProcess) -> None:
+    """LiteLLM's Ollama provider posts JSON with no Content-Type, as Ollama allows; so does the
+    server's own page (its Origin) where it may. An empty or broken body is the route's 400."""
+    body = b'{"model": "%s", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1' % MODEL.encode()
+    for path, close in (("/v1/chat/completions", b"}"), ("/api/chat", b', "stream": false}')):
+        ok = httpx.post(f"{server.base_url}{path}", content=body + close, timeout=60)
+        assert ok.status_code == 200 and "content-type" not in ok.request.headers, ok.text
+        own = httpx.post(f"{server.base_url}{path}", content=body + close, headers={"origin": server.base_url},
+                         timeout=60)  # fmt: skip
+        assert own.status_code == 200, own.text
+        for broken, says in ((b"", "the body is empty"), (body, "not JSON")):
+            r = httpx.post(f"{server.base_url}{path}", content=broken, timeout=30)
+            assert r.status_code == 400 and says in r.json()["error"], (path, r.text)
+    r = httpx.post(f"{server.base_url}/v1/audio/transcriptions", content=body + b"}", timeout=30)
+    assert r.status_code == 415 and "multipart/form-data" in r.json()["error"], r.text
+
+
 def test_a_foreign_host_header_is_refused(server: ServerProcess) -> None:
     """DNS rebinding: a page at evil.example resolved to 127.0.0.1 sends its own host name."""
     r = post(server, {"model": MODEL, "messages": HI, "max_tokens": 1}, headers={"host": "evil.example:8080"})

@@ -276,6 +276,32 @@ console.log(JSON.stringify({ names: list.models.map((m) => m.name), text, n, don
 """
 
 
+def test_litellms_ollama_provider_completes_streams_and_calls_a_tool(server: ServerProcess, client: ollama.Client,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    """LiteLLM's `ollama_chat/` provider (Aider's) posts its JSON with no Content-Type, as Ollama allows."""
+    monkeypatch.setenv("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # its bundled price list, not a fetch from the web
+    import litellm  # here, not above: its import takes seconds, which every run's collection would pay
+
+    lite = {"model": f"ollama_chat/{MODEL}", "api_base": server.base_url, "temperature": 0, "max_tokens": 16}
+    whole = litellm.completion(messages=ASK, **lite)
+    same = client.chat(model=MODEL, messages=ASK, options=GREEDY)
+    assert whole.choices[0].message.content == same.message.content  # one decode path
+    assert (whole.usage.prompt_tokens, whole.usage.completion_tokens) == (same.prompt_eval_count, same.eval_count)
+    parts = list(litellm.completion(messages=ASK, stream=True, **lite))
+    assert len(parts) > 2 and "".join(p.choices[0].delta.content or "" for p in parts) == same.message.content
+    # LiteLLM drops `tool_choice` for Ollama; the server's header forces the call the small model would not make.
+    ask = [{"role": "user", "content": "What is the weather in Paris?"}]
+    called = litellm.completion(messages=ask, tools=[WEATHER_TOOL], extra_headers={"GenieX-Tool-Choice": "get_weather"},
+                                **(lite | {"max_tokens": 64}))  # fmt: skip
+    call = called.choices[0].message.tool_calls[0]
+    assert called.choices[0].finish_reason == "tool_calls" and call.function.name == "get_weather"
+    jsonschema.validate(json.loads(call.function.arguments), WEATHER_PARAMETERS)
+    turn = [*ask, called.choices[0].message.model_dump(exclude_none=True),
+            {"role": "tool", "tool_call_id": call.id, "content": "Sunny, 21 C"}]  # fmt: skip
+    again = litellm.completion(messages=turn, tools=[WEATHER_TOOL], **lite)  # the result goes back: served
+    assert again.choices[0].finish_reason in ("stop", "length", "tool_calls")
+
+
 def test_the_javascript_client_lists_and_streams_a_chat(server: ServerProcess, client: ollama.Client) -> None:
     found = agent_clis.install()
     if isinstance(found, str):
