@@ -2,8 +2,9 @@
 and parses), as msgspec structs.
 
 Client events are read leniently where OpenAI's clients send fields this server has no use for
-(`tracing`, `noise_reduction`, `include`): unknown fields are ignored, never an error. What this
-server cannot do as asked is an `error` event naming the field (gateway/realtime/config.py).
+(`tracing`, `include`): unknown fields are ignored, never an error. What this server serves in
+its own way (`semantic_vad`, `noise_reduction`) is named in the session's `substitutions`; what it
+cannot do as asked is an `error` event naming the field (gateway/realtime/config.py).
 Server events carry an `event_id` each; items and responses carry `object`, as OpenAI's do.
 """
 
@@ -47,6 +48,7 @@ class Transcription(msgspec.Struct, omit_defaults=True):
 
 class TurnDetection(msgspec.Struct, omit_defaults=True):
     type: str = "server_vad"
+    eagerness: Literal["low", "medium", "high", "auto"] | None = None  # semantic_vad's
     threshold: Annotated[float, Meta(ge=0, le=1)] | None = None
     prefix_padding_ms: Annotated[int, Meta(ge=0, le=10_000)] | None = None
     silence_duration_ms: Annotated[int, Meta(ge=0, le=10_000)] | None = None
@@ -59,6 +61,8 @@ class AudioInputConfig(msgspec.Struct, omit_defaults=True):
     format: AudioFormat | None = None
     transcription: Transcription | UnsetType | None = UNSET  # null: no transcription events
     turn_detection: TurnDetection | UnsetType | None = UNSET  # null: push-to-talk (the client commits)
+    # Read only to say that none runs here (null: the client asks for none).
+    noise_reduction: dict[str, Any] | UnsetType | None = UNSET
 
 
 class AudioOutputConfig(msgspec.Struct, omit_defaults=True):
@@ -263,6 +267,14 @@ class AudioOutputOut(msgspec.Struct):
     speed: float
 
 
+class Substitution(msgspec.Struct):
+    """A setting served otherwise than asked (an extension of `session`): `param` names it as an
+    error would, `message` says what runs instead."""
+
+    param: str
+    message: str
+
+
 class AudioOut(msgspec.Struct, omit_defaults=True):
     input: AudioInputOut
     output: AudioOutputOut | None = None
@@ -283,6 +295,7 @@ class Session(msgspec.Struct, omit_defaults=True):
     max_output_tokens: int | Literal["inf"] | None = None
     temperature: float | None = None
     expires_at: int | None = None
+    substitutions: list[Substitution] | None = None
 
 
 class _SessionEvent(ServerEvent):

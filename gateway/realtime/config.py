@@ -2,7 +2,10 @@
 resolved to one this server has (the chat model from the connection's `?model=`, the others from
 the session or the server's first model of their kind).
 
-What cannot be done as asked is a RealtimeProblem naming the field; the session stays as it was.
+What can be served in another way is, and the session's `substitutions` (and the log) say how, as
+the Responses API serves a request without the hosted tools it cannot run: `semantic_vad` runs as
+server VAD with a silence fitting its eagerness, and `noise_reduction` is not applied. What
+cannot be done at all is a RealtimeProblem naming the field; the session stays as it was.
 OpenAI's own model names (`whisper-1`, `gpt-4o-transcribe`, voices such as `alloy`) mean the
 server's default model of that kind: a client written for OpenAI works unchanged.
 """
@@ -23,6 +26,14 @@ from protocol import realtime as rt
 
 DEFAULT_VAD = rt.TurnDetectionOut(type="server_vad", threshold=0.5, prefix_padding_ms=300, silence_duration_ms=500,
                                   create_response=True, interrupt_response=True)  # fmt: skip
+# semantic_vad's eagerness as the silence that ends a turn under server VAD. Silero hears speech, not
+# whether a thought is finished, so where the client asked not to be cut off mid-sentence it waits
+# longer than server_vad's 500 ms; `high` (answer as soon as possible) is server_vad's own.
+SEMANTIC_SILENCE_MS = {"low": 1500, "medium": 800, "auto": 800, "high": 500}
+TURN_PARAM = "session.audio.input.turn_detection"
+NOISE_PARAM = "session.audio.input.noise_reduction"
+NO_NOISE_REDUCTION = rt.Substitution(NOISE_PARAM, "not applied: no noise reduction runs here; VAD and Whisper hear "
+                                                  "the audio as sent")  # fmt: skip
 # OpenAI's names: read as "the server's default model of this kind".
 OPENAI_TRANSCRIBERS = ("whisper-1", "gpt-4o-transcribe", "gpt-4o-mini-transcribe", "gpt-transcribe")
 
@@ -56,6 +67,7 @@ class SessionSettings:
     temperature: float | None = None  # None: the chat model's default
     language: str = ""
     prompt: str = ""
+    substitutions: tuple[rt.Substitution, ...] = ()  # what is served otherwise than the client asked
     extra: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -65,14 +77,16 @@ class SessionSettings:
     def session(self) -> rt.Session:
         pcm = rt.PcmOut()
         audio_in = rt.AudioInputOut(format=pcm, transcription=self.transcription, turn_detection=self.turn_detection)
+        notes = list(self.substitutions) or None
         if self.transcribing:
-            return rt.Session(id=self.id, type="transcription", audio=rt.AudioOut(input=audio_in))
+            return rt.Session(id=self.id, type="transcription", audio=rt.AudioOut(input=audio_in), substitutions=notes)
         return rt.Session(
             id=self.id, type="realtime", model=self.chat_model, instructions=self.instructions,
             output_modalities=list(self.modalities), tools=list(self.tools), tool_choice=self.tool_choice,
             max_output_tokens=self.max_output_tokens or "inf", temperature=self.temperature,
             audio=rt.AudioOut(input=audio_in, output=rt.AudioOutputOut(format=pcm, voice=self.voice or self.voice_model,
                                                                        speed=self.speed)),
+            substitutions=notes,
         )  # fmt: skip
 
 
@@ -93,18 +107,37 @@ def _model(services: Services, name: str, capability: str, param: str) -> str:
         raise RealtimeProblem(exc.message, "model_not_found" if exc.status == 404 else "invalid_value", param) from None
 
 
+def _openai_realtime(name: str) -> bool:
+    """One of OpenAI's realtime models (`gpt-realtime`, `gpt-realtime-2.1`, `gpt-4o-realtime-preview`,
+    `gpt-4o-mini-realtime-preview-2024-12-17`): what OpenAI's clients name unless told otherwise."""
+    n = name.lower()
+    return n.startswith("gpt-") and "realtime" in n and "/" not in n
+
+
+def _chat_model(services: Services, name: str, current: str | None, param: str) -> tuple[str, rt.Substitution | None]:
+    """The chat model `name` names, and a note when it is one of OpenAI's realtime models, which
+    here mean the session's chat model (`current`; None: the server's default); any other name
+    that names no chat model is refused."""
+    try:
+        return _model(services, name, "chat", param), None
+    except RealtimeProblem:
+        if not _openai_realtime(name):
+            raise
+    served = current or _model(services, DEFAULT_MODEL_ID, "chat", param)
+    return served, rt.Substitution(param, f"{name[:64]!r} is OpenAI's model; {served} answers (the connection's "
+                                          "`?model=`, or the server's default chat model)")  # fmt: skip
+
+
 def opened(services: Services, session_id: str, chat_model: str | None, intent: str | None) -> SessionSettings:
     """A new session's settings: a conversation with `chat_model` (the connection's `?model=`, or
     the default chat model), or a transcription session (`?intent=transcription`)."""
     kind = "transcription" if intent == "transcription" else "realtime"
-    chat = (
-        DEFAULT_MODEL_ID
-        if kind == "transcription"
-        else _model(services, chat_model or DEFAULT_MODEL_ID, "chat", "model")
-    )
+    chat, note = DEFAULT_MODEL_ID, None
+    if kind == "realtime":
+        chat, note = _chat_model(services, chat_model or DEFAULT_MODEL_ID, None, "model")
     transcriber, vad, voice = _firsts(services, "transcription", "vad", "speech")
     settings = SessionSettings(id=session_id, kind=kind, chat_model=chat, transcriber=transcriber or WHISPER_MODEL_ID,
-                               vad_model=vad, voice_model=voice)  # fmt: skip
+                               vad_model=vad, voice_model=voice, substitutions=(note,) if note else ())  # fmt: skip
     if kind == "transcription":
         settings = replace(
             settings, transcription=rt.TranscriptionOut(model=settings.transcriber), modalities=("text",)
@@ -121,27 +154,38 @@ def _format(fmt: rt.AudioFormat | None, param: str) -> None:
                               "unsupported_audio_format", param)  # fmt: skip
 
 
-def _turn_detection(t: rt.TurnDetection | None, now: rt.TurnDetectionOut | None, vad_model: str) -> rt.TurnDetectionOut | None:  # fmt: skip
+def _turn_detection(t: rt.TurnDetection | None, now: rt.TurnDetectionOut | None, vad_model: str,
+                    was_semantic: bool) -> tuple[rt.TurnDetectionOut | None, rt.Substitution | None]:  # fmt: skip
+    """The turn detection that runs for `t`, and the note on how it differs from `t` (None: as asked).
+    Fields `t` leaves out keep their value in `now`, but for the silence that semantic VAD chose."""
     if t is None:
-        return None
-    param = "session.audio.input.turn_detection"
-    if t.type != "server_vad":
-        raise RealtimeProblem(f"`{param}.type`: only `server_vad` (or null, for push-to-talk) is served, not {t.type!r}",
-                              "unsupported_turn_detection", f"{param}.type")  # fmt: skip
+        return None, None
+    param = TURN_PARAM
+    if t.type not in ("server_vad", "semantic_vad"):
+        raise RealtimeProblem(f"`{param}.type`: `server_vad` or `semantic_vad` (which runs as server VAD), or null "
+                              f"for push-to-talk, not {t.type!r}", "unsupported_turn_detection", f"{param}.type")  # fmt: skip
     if not vad_model:
         raise RealtimeProblem("server VAD needs a voice activity model, and none is installed (the `audio` extra "
                               "brings Silero VAD); set `turn_detection` to null and commit the audio yourself",
                               "model_not_found", param)  # fmt: skip
     base = now or DEFAULT_VAD
-    return rt.TurnDetectionOut(
+    silence = DEFAULT_VAD.silence_duration_ms if was_semantic else base.silence_duration_ms
+    note = None
+    if t.type == "semantic_vad":
+        eagerness = t.eagerness or "auto"
+        silence = SEMANTIC_SILENCE_MS[eagerness]
+        note = rt.Substitution(param, f"semantic_vad (eagerness {eagerness}) runs as server_vad: a turn ends after "
+                                      f"{silence} ms of silence, as no model here judges whether a thought is finished")  # fmt: skip
+    detection = rt.TurnDetectionOut(
         type="server_vad",
         threshold=base.threshold if t.threshold is None else t.threshold,
         prefix_padding_ms=base.prefix_padding_ms if t.prefix_padding_ms is None else t.prefix_padding_ms,
-        silence_duration_ms=base.silence_duration_ms if t.silence_duration_ms is None else t.silence_duration_ms,
+        silence_duration_ms=silence if t.silence_duration_ms is None else t.silence_duration_ms,
         create_response=base.create_response if t.create_response is None else t.create_response,
         interrupt_response=base.interrupt_response if t.interrupt_response is None else t.interrupt_response,
         idle_timeout_ms=t.idle_timeout_ms,
     )
+    return detection, note
 
 
 def updated(services: Services, s: SessionSettings, new: rt.SessionConfig) -> SessionSettings:
@@ -151,8 +195,10 @@ def updated(services: Services, s: SessionSettings, new: rt.SessionConfig) -> Se
                               "(connect with `?intent=transcription` for a transcription session)",
                               "invalid_value", "session.type")  # fmt: skip
     changes: dict[str, Any] = {}
+    notes: dict[str, rt.Substitution | None] = {n.param: n for n in s.substitutions}  # a setting set again: its own
     if new.model is not None and not s.transcribing:
-        changes["chat_model"] = _model(services, new.model, "chat", "session.model")
+        changes["chat_model"], notes["session.model"] = _chat_model(services, new.model, s.chat_model,
+                                                                    "session.model")  # fmt: skip
     if new.instructions is not None:
         changes["instructions"] = new.instructions
     if new.output_modalities is not None:
@@ -173,7 +219,11 @@ def updated(services: Services, s: SessionSettings, new: rt.SessionConfig) -> Se
         a = audio.input
         _format(a.format, "session.audio.input.format")
         if not isinstance(a.turn_detection, msgspec.UnsetType):
-            changes["turn_detection"] = _turn_detection(a.turn_detection, s.turn_detection, s.vad_model)
+            changes["turn_detection"], notes[TURN_PARAM] = _turn_detection(
+                a.turn_detection, s.turn_detection, s.vad_model, was_semantic=TURN_PARAM in notes
+            )
+        if not isinstance(a.noise_reduction, msgspec.UnsetType):
+            notes[NOISE_PARAM] = None if a.noise_reduction is None else NO_NOISE_REDUCTION
         if not isinstance(a.transcription, msgspec.UnsetType):
             changes.update(_transcription(services, s, a.transcription))
     if audio.output is not None:
@@ -183,6 +233,7 @@ def updated(services: Services, s: SessionSettings, new: rt.SessionConfig) -> Se
             changes["speed"] = o.speed
         if o.voice is not None:
             changes.update(_voice(services, s, o.voice))
+    changes["substitutions"] = tuple(n for n in notes.values() if n is not None)
     return replace(s, **changes)
 
 

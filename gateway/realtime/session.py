@@ -79,6 +79,7 @@ class RealtimeSession:
         self.tasks: set[asyncio.Task[object]] = set()
         self._lock = asyncio.Lock()
         self.last_active = time.monotonic()
+        self._log_substitutions(())
         self._sync_vad()
 
     # ---- sending --------------------------------------------------------------------------------
@@ -92,6 +93,13 @@ class RealtimeSession:
         detail = msgspec.structs.replace(p.detail, event_id=event_id) if event_id else p.detail
         log.info("realtime event refused", code=detail.code, param=detail.param, error=detail.message[:200])
         await self.send(rt.Error(error=detail))
+
+    def _log_substitutions(self, before: tuple[rt.Substitution, ...]) -> None:
+        """Each setting served otherwise than asked, said once when it starts to hold (as the
+        session.created or session.updated that carries it says it to the client)."""
+        for note in self.settings.substitutions:
+            if note not in before:
+                log.info("realtime setting served otherwise", param=note.param, served=note.message)
 
     def spawn(self, work: Awaitable[object]) -> asyncio.Task[object]:
         task = asyncio.ensure_future(work)
@@ -157,7 +165,9 @@ class RealtimeSession:
         if isinstance(ev, rt.InputAudioBufferAppend):
             self.append(ev.audio)
         elif isinstance(ev, rt.SessionUpdate):
+            before = self.settings.substitutions
             self.settings = updated(self.services, self.settings, ev.session)
+            self._log_substitutions(before)
             self._sync_vad()
             await self.send(rt.SessionUpdated(session=self.settings.session()))
         elif isinstance(ev, rt.InputAudioBufferCommit):

@@ -270,6 +270,52 @@ async def test_a_transcription_session_writes_down_speech_and_never_answers(serv
             await events_until(conn, lambda e: e.type.startswith("response."), timeout=3)
 
 
+async def test_the_agents_sdks_realtime_agent_answers_a_text_turn_and_a_spoken_one(server: ServerProcess,
+                                                                                    question: bytes) -> None:  # fmt: skip
+    """The OpenAI Agents SDK's RealtimeAgent with its defaults: OpenAI's model name, semantic VAD
+    (and here noise reduction, as its examples set), each served otherwise and said so."""
+    from agents.realtime import RealtimeAgent, RealtimeRunner  # imported by the one test that drives it
+
+    agent = RealtimeAgent(name="Assistant", instructions=BRIEF["instructions"])
+    settings = {"max_output_tokens": 32, "input_audio_noise_reduction": {"type": "near_field"}}
+    runner = RealtimeRunner(starting_agent=agent, config={"model_settings": settings})
+    session = await runner.run(model_config={"url": ws_url(server, ""), "api_key": "unused"})
+    seen: list[Any] = []
+
+    async def turn() -> list[Any]:
+        """The session's events up to the agent's end of its answer."""
+        mark = len(seen)
+        async for ev in session:
+            seen.append(ev)
+            assert ev.type != "error", ev.error
+            if ev.type == "agent_end":
+                return seen[mark:]
+        raise AssertionError("the session ended")
+
+    async with session:
+        await session.send_message("What is the capital of France?")
+        text_turn = await asyncio.wait_for(turn(), TURN_S)
+        await session.send_audio(question)  # the rest is the server's VAD: no commit, no response.create
+        spoken_turn = await asyncio.wait_for(turn(), TURN_S)
+    raw = [e.data.data for e in seen if e.type == "raw_model_event" and e.data.type == "raw_server_event"]
+    updated = [e["session"] for e in raw if e["type"] == "session.updated"][-1]
+    assert updated["audio"]["input"]["turn_detection"]["type"] == "server_vad"
+    assert updated["audio"]["input"]["turn_detection"]["silence_duration_ms"] == 800  # semantic VAD's `auto`
+    assert updated["model"] == MODEL
+    said = {n["param"]: n["message"] for n in updated["substitutions"]}
+    assert set(said) == {"session.model", "session.audio.input.turn_detection", "session.audio.input.noise_reduction"}
+    assert "semantic_vad" in said["session.audio.input.turn_detection"], said
+    assert "served otherwise" in server.log()
+    for events in (text_turn, spoken_turn):
+        assert any(e.type == "audio" for e in events)  # spoken back
+    history = next(e for e in reversed(seen) if e.type == "history_updated").history
+    user = [i for i in history if i.role == "user"]
+    answers = [i.content[0].transcript for i in history if i.role == "assistant"]
+    assert [p.type for u in user for p in u.content] == ["input_text", "input_audio"]
+    assert word_error_rate(QUESTION, user[1].content[0].transcript or "") <= 0.2, user[1]
+    assert len(answers) == 2 and all((a or "").strip() for a in answers), answers
+
+
 # ---- bounds and hostile clients -----------------------------------------------------------------
 
 
@@ -336,6 +382,36 @@ def test_bad_events_get_an_error_event_and_the_session_goes_on(server: ServerPro
         seen.append(receive(ws, TURN_S))
     assert [e["error"]["code"] for e in seen if e["type"] == "error"] == ["conversation_already_has_active_response"]
     assert seen[-1]["response"]["status"] in ("completed", "incomplete")  # the answer may reach max_output_tokens
+
+
+def test_what_can_be_served_otherwise_is_and_the_session_says_so(server: ServerProcess, ws: ClientConnection) -> None:
+    """semantic_vad runs as server VAD, noise reduction is not applied, OpenAI's model name means
+    the session's chat model: each named in `substitutions`, until set again to what runs as asked."""
+
+    def update(session: dict[str, Any]) -> dict[str, Any]:
+        ws.send(json.dumps({"type": "session.update", "session": session}))
+        ev = receive(ws)
+        assert ev["type"] == "session.updated", ev
+        return ev["session"]
+
+    now = update({"model": "gpt-realtime", "audio": {"input": {
+        "turn_detection": {"type": "semantic_vad", "eagerness": "low"}, "noise_reduction": {"type": "far_field"}}}})  # fmt: skip
+    assert now["model"] == MODEL and now["audio"]["input"]["noise_reduction"] is None
+    assert now["audio"]["input"]["turn_detection"]["type"] == "server_vad"
+    assert now["audio"]["input"]["turn_detection"]["silence_duration_ms"] == 1500
+    assert [n["param"] for n in now["substitutions"]] == ["session.model", "session.audio.input.turn_detection",
+                                                          "session.audio.input.noise_reduction"]  # fmt: skip
+    now = update({"audio": {"input": {"turn_detection": {"type": "server_vad"}, "noise_reduction": None}}})
+    assert now["audio"]["input"]["turn_detection"]["silence_duration_ms"] == 500  # server VAD's own again
+    assert [n["param"] for n in now["substitutions"]] == ["session.model"]
+    assert "substitutions" not in update({"model": MODEL})
+    error = refused(ws, {"type": "session.update", "session": {"audio": {"input": {"turn_detection": {
+        "type": "mind_reading_vad"}}}}})  # fmt: skip
+    assert error["code"] == "unsupported_turn_detection" and "semantic_vad" in error["message"]
+    assert refused(ws, {"type": "session.update", "session": {"model": "gpt-nothing"}})["code"] == "model_not_found"
+    with connect(ws_url(server, "model=gpt-4o-realtime-preview"), max_size=None) as other:  # OpenAI's SDK: ?model=
+        created = receive(other)["session"]
+    assert created["model"] == MODEL and created["substitutions"][0]["param"] == "model", created
 
 
 def test_a_frame_past_the_bound_closes_only_its_own_session(server: ServerProcess, ws: ClientConnection) -> None:
