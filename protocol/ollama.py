@@ -79,7 +79,7 @@ class OllamaChatRequest(_Generation, kw_only=True):
 
 class GenerateRequest(_Generation, kw_only=True):
     prompt: str | None = None
-    suffix: str | None = None
+    suffix: str | None = None  # "" (the Go client's zero value, always sent) is none, as in Ollama
     system: str | None = None
     raw: bool = False
     images: list[str] | None = None
@@ -104,10 +104,11 @@ class EmbeddingsRequest(msgspec.Struct, kw_only=True):
 
 
 class ModelRequest(msgspec.Struct, kw_only=True):
-    """`/api/show` and `/api/delete`: `model`, or `name` as older clients send it."""
+    """`/api/show` and `/api/delete`: `model`, or `name` as older clients send it. Ollama's own CLI
+    sends both, the one it does not fill as "" (Go's zero value): empty means absent, as in Ollama."""
 
-    model: Name | None = None
-    name: Name | None = None
+    model: Annotated[str, Meta(max_length=512)] | None = None
+    name: Annotated[str, Meta(max_length=512)] | None = None
     verbose: bool = False
 
     @property

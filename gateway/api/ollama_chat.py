@@ -193,7 +193,7 @@ async def ollama_generate(request: Request, body: RawBody,
     clock = Clock()
     data = read_json(body, o.GenerateRequest)
     keep_alive = keep_alive_s(data.keep_alive)
-    raw = data.raw or data.suffix is not None
+    raw = data.raw or bool(data.suffix)
     entry = entry_for(services, data.model, "completion" if raw else "chat")
     make = generate_line(data.model)
     if not data.prompt and not data.suffix and not data.images:
@@ -202,7 +202,7 @@ async def ollama_generate(request: Request, body: RawBody,
     if raw:
         req = services.with_defaults(raw_request(data), entry)
         generations = [Generate(req_id=0, log_id=current_request_id() or "", prompt=data.prompt or "",
-                                suffix=data.suffix, max_tokens=req.max_tokens, stop=stop_list(req.stop),
+                                suffix=data.suffix or None, max_tokens=req.max_tokens, stop=stop_list(req.stop),
                                 sampling=sampling_of(req), cache_key=cache_key(req, tenant))]  # fmt: skip
         shape, chars = Shape(), len(data.prompt or "") + len(data.suffix or "")
     else:

@@ -3,7 +3,9 @@
 Every option Ollama defines is known here: those this server honours map to a chat field (and so
 meet the same bounds as on `/v1/chat/completions`); those it cannot (thread counts, mmap, mirostat
 …) are named in the request's log line, never dropped silently. A name Ollama does not define is
-a 400: it is a typo or an attack, and either way the caller should hear of it.
+ignored and named there too, as Ollama ignores it with a warning: clients put their own settings
+in `options` (Open WebUI passes a model's `reasoning_effort`, `logit_bias` and custom parameters
+through), and refusing them would refuse the client that Ollama serves.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from typing import Any
 import structlog
 
 from gateway.errors import BadRequest
-from protocol.limits import INT32_MAX, MAX_KEEP_ALIVE_S
+from protocol.limits import INT32_MAX, MAX_KEEP_ALIVE_S, MAX_STOP
 
 log = structlog.get_logger("gateway.ollama")
 
@@ -43,7 +45,7 @@ _IGNORED = frozenset({
     "mirostat_eta", "penalize_newline",
 })  # fmt: skip
 _NUMBER = (int, float)
-_MAX_STOPS = 16
+_MAX_NAMED = 16
 
 
 def _number(name: str, value: Any, *, integer: bool = False) -> float:
@@ -59,23 +61,24 @@ def chat_fields(options: dict[str, Any] | None) -> dict[str, Any]:
     if not options:
         return {}
     out: dict[str, Any] = {}
-    ignored: list[str] = []
+    ignored: list[str] = []  # Ollama's, which this server does not run
+    unknown: list[str] = []  # not Ollama's at all
     for name, value in options.items():
         if name in _IGNORED:
             ignored.append(name)
             continue
         field = _MAPPED.get(name)
         if field is None:
-            known = ", ".join(sorted([*_MAPPED, *_IGNORED]))
-            raise BadRequest(f"`options.{name[:64]}`: not an option Ollama defines (one of {known})")
+            unknown.append(name[:64])
+            continue
         if value is None:
             continue
         if name == "stop":
             stops = [value] if isinstance(value, str) else value
             if not isinstance(stops, list) or not all(isinstance(s, str) for s in stops):
                 raise BadRequest("`options.stop`: expected a string or a list of strings")
-            if len(stops) > _MAX_STOPS:
-                raise BadRequest(f"`options.stop`: at most {_MAX_STOPS} stop strings")
+            if len(stops) > MAX_STOP:
+                raise BadRequest(f"`options.stop`: at most {MAX_STOP} stop strings")
             out[field] = stops
             continue
         integer = name in ("top_k", "seed", "num_predict", "num_ctx", "num_gpu")
@@ -89,8 +92,10 @@ def chat_fields(options: dict[str, Any] | None) -> dict[str, Any]:
         if name == "num_gpu" and number < 0:
             continue  # Ollama's -1: its own choice, as our default is
         out[field] = number
-    if ignored:
-        log.info("Ollama options not honoured by this server", options=sorted(ignored))
+    if ignored or unknown:
+        # The log is told at most _MAX_NAMED unknown names: a body can hold thousands.
+        log.info("Ollama options not honoured by this server", options=sorted(ignored),
+                 not_ollamas=sorted(unknown)[:_MAX_NAMED] or None)  # fmt: skip
     return out
 
 

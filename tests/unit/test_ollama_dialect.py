@@ -20,6 +20,7 @@ from gateway.models.ollama_names import pick, plain_name, short_matches
 from gateway.models.store import ModelEntry
 from protocol import chat
 from protocol import ollama as o
+from protocol.limits import MAX_STOP
 from protocol.wire import Done
 
 PNG_B64 = "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mP8z8BQDwAEhQGAhKmMIQAAAABJRU5ErkJggg=="
@@ -45,12 +46,15 @@ def test_options_map_to_chat_fields_and_unhonoured_ones_are_only_logged() -> Non
     assert fields == {"temperature": 0.2, "top_k": 5, "max_tokens": 32, "nctx": 4096, "stop": ["\n"],
                       "repetition_penalty": 1.1, "seed": 7, "ngl": 99}  # fmt: skip
     assert chat_fields({"num_predict": -1, "num_gpu": -1}) == {}  # Ollama's "no limit" and "you choose"
+    # A name Ollama does not define is ignored, as Ollama ignores it (Open WebUI passes a model's own settings).
+    assert chat_fields({"reasoning_effort": "low", "logit_bias": {"1": 2}, "temperature": 0.5}) == {"temperature": 0.5}
 
 
 @pytest.mark.parametrize(("options", "field"), [
-    ({"warp": 1}, "options.warp"), ({"temperature": "hot"}, "options.temperature"), ({"top_k": 1.5}, "options.top_k"),
+    ({"temperature": "hot"}, "options.temperature"), ({"top_k": 1.5}, "options.top_k"),
     ({"stop": [1]}, "options.stop"), ({"temperature": {"a": {"b": {}}}}, "options.temperature"),
-    ({"num_ctx": 0}, "options.num_ctx"), ({"num_ctx": 2**40}, "options.num_ctx"), ({"stop": ["x"] * 17}, "options.stop"),
+    ({"num_ctx": 0}, "options.num_ctx"), ({"num_ctx": 2**40}, "options.num_ctx"),
+    ({"stop": ["x"] * (MAX_STOP + 1)}, "options.stop"),
 ])  # fmt: skip
 def test_bad_options_are_refused_naming_the_option(options: dict[str, object], field: str) -> None:
     with pytest.raises(BadRequest, match=f"`{field}`"):
