@@ -16,7 +16,8 @@ use (as read from huggingface_hub 2.x):
   not the status code, is what the client turns into its typed exceptions.
 
 Faults for tests: `break_download` closes the connection after N bytes of a file (then fails or
-recovers), `throttle` slows a file down so that a test can interrupt the pull mid-way.
+recovers), `throttle` slows a file down, and `hold` stops a file's body at a chosen byte until the
+test lets it go, so that a test interrupts a pull mid-way whatever the machine's speed.
 """
 
 from __future__ import annotations
@@ -45,12 +46,19 @@ class _Fault(msgspec.Struct):
     tripped: bool = False
 
 
+class Hold(msgspec.Struct):
+    at: int
+    reached: threading.Event = msgspec.field(default_factory=threading.Event)
+    released: threading.Event = msgspec.field(default_factory=threading.Event)
+
+
 class HubDouble:
     def __init__(self, repos: dict[str, dict[str, bytes]]) -> None:
         self.repos = repos
         self.requests: list[Request] = []
         self._faults: dict[tuple[str, str], _Fault] = {}
         self._throttles: dict[tuple[str, str], tuple[int, float]] = {}
+        self._holds: dict[tuple[str, str], Hold] = {}
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), _make_handler(self))
         self._server.daemon_threads = True
         self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
@@ -61,6 +69,8 @@ class HubDouble:
         return self
 
     def __exit__(self, *exc: object) -> None:
+        for hold in self._holds.values():
+            hold.released.set()
         self._server.shutdown()
         self._server.server_close()
 
@@ -74,6 +84,12 @@ class HubDouble:
     def throttle(self, repo_id: str, filename: str, *, chunk: int, delay: float) -> None:
         """Serve the file `chunk` bytes at a time, sleeping `delay` seconds between chunks."""
         self._throttles[(repo_id, filename)] = (chunk, delay)
+
+    def hold(self, repo_id: str, filename: str, at: int) -> Hold:
+        """Send the first `at` bytes of the file's next download, then nothing more until
+        `released` is set (`reached` is set once those bytes are written)."""
+        hold = self._holds[(repo_id, filename)] = Hold(at)
+        return hold
 
     def commit(self, repo_id: str) -> str:
         digest = hashlib.sha1(repo_id.encode())
@@ -180,10 +196,18 @@ def _make_handler(hub: HubDouble) -> type[BaseHTTPRequestHandler]:
             if fault is not None and not fault.tripped:
                 cut = max(fault.after - start, 0)
             chunk, delay = hub._throttles.get((repo_id, filename), (1 << 20, 0.0))
+            hold = hub._holds.get((repo_id, filename))
             sent = 0
             try:
                 while sent < len(body):
                     piece = body[sent : sent + chunk]
+                    if hold is not None and not hold.reached.is_set() and start <= hold.at <= start + sent + len(piece):
+                        self.wfile.write(body[sent : hold.at - start])
+                        self.wfile.flush()
+                        sent = hold.at - start
+                        hold.reached.set()
+                        hold.released.wait(120)
+                        continue
                     if cut is not None and sent + len(piece) >= cut:
                         self.wfile.write(body[sent:cut])
                         self.wfile.flush()

@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -79,13 +80,41 @@ def _store(args: argparse.Namespace) -> ModelStore:
     return ModelStore(args.data_dir if args.data_dir is not None else default_data_dir())
 
 
+class Stopped(KeyboardInterrupt):
+    """SIGTERM or SIGHUP: unwound like Ctrl-C (huggingface_hub aborts a xet download on a
+    KeyboardInterrupt too), then the exit status the signal would have given."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+def _stop(signum: int, _frame: object) -> None:
+    raise Stopped(signum)
+
+
+def stop_on_signals() -> None:
+    """Ctrl-C, a kill and a closed terminal each stop the command through its `finally`s (a pull's
+    removes its staging folder), whatever this process inherited. A shell script's background job
+    and some launchers (CI runners among them) start their children with SIGINT ignored; Python
+    then raises no KeyboardInterrupt at all, and an interrupted pull ran to its end and exited 0.
+    These commands run in the foreground: a signal sent to one is meant for it."""
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, _stop)
+    signal.signal(signal.SIGHUP, _stop)
+
+
 def _guarded(command: Command) -> Command:
     def run(args: argparse.Namespace) -> int:
+        stop_on_signals()
         try:
             return command(args)
         except GenieXError as exc:
             print(f"error: {exc.message}", file=sys.stderr)
             return 1
+        except Stopped as exc:
+            print(f"error: stopped by {exc}", file=sys.stderr)
+            return 128 + exc.signum
         except KeyboardInterrupt:
             print("error: interrupted", file=sys.stderr)
             return 130

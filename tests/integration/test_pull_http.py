@@ -46,7 +46,6 @@ def hub() -> Iterator[HubDouble]:
     with HubDouble(hub_repos()) as double:
         double.throttle("acme/Vision-GGUF", "Vision-Q4_0.gguf", chunk=256 << 10, delay=0.03)
         double.throttle("acme/Tiny-GGUF", "Tiny-Q4_0.gguf", chunk=256 << 10, delay=0.03)
-        double.throttle("acme/Slow-GGUF", "Slow-Q4_0.gguf", chunk=64 << 10, delay=0.03)
         double.throttle("acme/Shared-GGUF", "Shared-Q4_0.gguf", chunk=128 << 10, delay=0.03)
         double.break_download("acme/Broken-GGUF", "Broken-Q4_0.gguf", after=1_000_000, then="error")
         yield double
@@ -166,12 +165,18 @@ def test_sse_pull_streams_progress_then_the_model(server: ServerProcess) -> None
 
 
 def test_a_client_that_disconnects_cancels_the_download(server: ServerProcess, hub: HubDouble) -> None:
+    # The hub holds the body back after 1 MiB of 8 until the client has gone: mid-download on any machine.
+    hold = hub.hold("acme/Slow-GGUF", "Slow-Q4_0.gguf", at=1 << 20)
     with httpx.stream("POST", server.base_url + "/v1/models/pull", json={"model": "acme/Slow-GGUF"}, timeout=30) as r:
         for event, data in sse(r):
             if event == "progress" and data.get("completed"):
-                break  # mid-download: about 1 MiB of 8 arrived
+                break
     assert staged(server), "the download was staged while it ran"
     left = time.monotonic()
+    while "every client following the pull left" not in server.log():
+        assert time.monotonic() - left < 15, "the server did not see the client go"
+        time.sleep(0.05)
+    hold.released.set()  # the download's next read sees the cancel
     while "pull cancelled; nothing of it was kept" not in server.log():
         assert time.monotonic() - left < 15, "the download did not stop"
         time.sleep(0.05)
