@@ -175,7 +175,8 @@ class _Server:
         self.stop.set()
         if self.task is not None:
             with contextlib.suppress(BaseException):
-                await asyncio.wait_for(self.task, 10)
+                async with asyncio.timeout(10):
+                    await self.task
 
 
 def _mcp_error() -> type[Any]:

@@ -130,7 +130,8 @@ class Follower:
                     yield None
                     continue
                 try:
-                    await asyncio.wait_for(waker.wait(), timeout)
+                    async with asyncio.timeout(timeout):
+                        await waker.wait()
                 except TimeoutError:
                     pass
         finally:

@@ -54,7 +54,8 @@ class Subscription:
         """The waiting events, after waiting up to `timeout` seconds for one ([]: none came)."""
         if not self._backlog and not self.dropped and not self.closed:
             try:
-                await asyncio.wait_for(self._wake.wait(), timeout)
+                async with asyncio.timeout(timeout):
+                    await self._wake.wait()
             except TimeoutError:
                 return []
         return self.take()

@@ -329,7 +329,8 @@ class WorkerHandle:
         self._reader = asyncio.create_task(self._read_replies(), name=f"read:{s.key.slug}", context=fresh)
         self._watcher = asyncio.create_task(self._watch(self.proc), name=f"watch:{s.key.slug}", context=fresh)
         try:
-            ready = await asyncio.wait_for(asyncio.shield(self._ready), s.load_timeout_s)
+            async with asyncio.timeout(s.load_timeout_s):
+                ready = await asyncio.shield(self._ready)
         except TimeoutError:
             await self.stop(graceful=False, reason="failed to load")
             raise WorkerUnavailable(
@@ -634,7 +635,8 @@ async def _next(q: asyncio.Queue[object]) -> object:
 
 async def _exited(proc: asyncio.subprocess.Process, timeout: float) -> bool:
     try:
-        await asyncio.wait_for(proc.wait(), timeout)
+        async with asyncio.timeout(timeout):
+            await proc.wait()
         return True
     except TimeoutError:
         return False

@@ -405,7 +405,8 @@ class WorkerPool:
                     raise Overloaded(f"no room to load {key.model}: every loaded worker stayed busy; retry shortly")
                 async with self._idle:
                     try:
-                        await asyncio.wait_for(self._idle.wait(), min(left, 1.0))
+                        async with asyncio.timeout(min(left, 1.0)):
+                            await self._idle.wait()
                     except TimeoutError:
                         pass
                 self._refuse_if_aborted()
