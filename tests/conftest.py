@@ -6,14 +6,14 @@ import gc
 import json
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from pathlib import Path
 from typing import Any
 
 import openai
 import pytest
 
-from tests.server_proc import ServerProcess, serving
+from tests.server_proc import STARTED, ServerProcess, serving
 
 # CPython 3.11 before 3.11.8 (and 3.12 before 3.12.2) keeps ast.parse's recursion count in one
 # shared place (python/cpython#106905). A parse that a finalizer starts while another parse builds
@@ -84,6 +84,29 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 
 _SESSION_START = time.time()
+_LOG_OFFSETS = pytest.StashKey[dict[int, int]]()
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    item.stash[_LOG_OFFSETS] = {id(srv): srv.log_size() for srv in STARTED}
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(
+    item: pytest.Item, call: pytest.CallInfo[None]
+) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+    """A failed test's report carries what each server logged while it ran: the logs live in
+    pytest's temp dirs, of which only the last three runs are kept, so they are often gone by the
+    time anyone looks."""
+    report: pytest.TestReport = yield
+    if report.failed:
+        offsets = item.stash.get(_LOG_OFFSETS, {})
+        for srv in STARTED:
+            start = offsets.get(id(srv), 0)
+            if srv.log_size() > start:
+                report.sections.append((f"server log ({srv.base_url}, {srv.log_path})", srv.log_since(start)))
+    return report
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:

@@ -42,6 +42,7 @@ class ServerProcess:
         )
         data_dir.mkdir(parents=True, exist_ok=True)
         self._spawn()
+        STARTED.append(self)
 
     def _spawn(self) -> None:
         self.port = free_port()
@@ -75,6 +76,21 @@ class ServerProcess:
         self._log.flush()
         return self.log_path.read_text(errors="replace")
 
+    def log_size(self) -> int:
+        try:
+            return self.log_path.stat().st_size
+        except OSError:
+            return 0
+
+    def log_since(self, offset: int, limit: int = 64 << 10) -> str:
+        """What the server logged from byte `offset` on, its last `limit` bytes at most."""
+        try:
+            with self.log_path.open("rb") as fh:
+                fh.seek(max(offset, self.log_size() - limit))
+                return fh.read().decode(errors="replace")
+        except OSError as exc:
+            return f"(the log {self.log_path} could not be read: {exc})"
+
     def worker_pids(self) -> list[int]:
         try:
             return [c.pid for c in psutil.Process(self.proc.pid).children(recursive=True)]
@@ -91,6 +107,10 @@ class ServerProcess:
                 self.proc.wait()
         self._log.close()
         return self.proc.returncode
+
+
+# Every server this test process started, for the failure reports (tests/conftest.py).
+STARTED: list[ServerProcess] = []
 
 
 @contextlib.contextmanager
