@@ -23,7 +23,7 @@ from gateway.api.body import read_json
 from gateway.api.chat import COMPUTE_FALLBACK_HEADER, KEEP_CACHE_HEADER, header_flag, header_true
 from gateway.api.dialect_stream import drive
 from gateway.api.disconnect import unless_disconnected
-from gateway.api.ollama_resolve import entry_for
+from gateway.api.ollama_resolve import entry_for, fitted_nctx
 from gateway.api.request_id import current_request_id
 from gateway.api.services import Services
 from gateway.chat.convert import Shape, cache_key, plan_chat, prompt_chars, sampling_of, stop_list
@@ -176,6 +176,7 @@ async def ollama_chat(request: Request, body: RawBody, services: NamedDependency
     if not data.messages:
         return await _load_or_unload(services, entry, keep_alive, make, clock)
     req = services.with_defaults(chat_request(data, keep_alive, request.headers.get(TOOL_CHOICE_HEADER)), entry)
+    req = msgspec.structs.replace(req, nctx=fitted_nctx(services, entry, req.nctx))
     images = await services.images(req.messages, entry)
     plan = plan_chat(req, current_request_id() or "", services.store, services.settings.grammar_dirs,
                      keep_cache=header_true(request, KEEP_CACHE_HEADER), tenant=tenant_of(request), images=images,
@@ -201,12 +202,14 @@ async def ollama_generate(request: Request, body: RawBody,
     tenant = tenant_of(request)
     if raw:
         req = services.with_defaults(raw_request(data), entry)
+        req = msgspec.structs.replace(req, nctx=fitted_nctx(services, entry, req.nctx))
         generations = [Generate(req_id=0, log_id=current_request_id() or "", prompt=data.prompt or "",
                                 suffix=data.suffix or None, max_tokens=req.max_tokens, stop=stop_list(req.stop),
                                 sampling=sampling_of(req), cache_key=cache_key(req, tenant))]  # fmt: skip
         shape, chars = Shape(), len(data.prompt or "") + len(data.suffix or "")
     else:
         req = services.with_defaults(generate_request(data, keep_alive), entry)
+        req = msgspec.structs.replace(req, nctx=fitted_nctx(services, entry, req.nctx))
         images = await services.images(req.messages, entry)
         plan = plan_chat(req, current_request_id() or "", services.store, services.settings.grammar_dirs,
                          tenant=tenant, images=images, truncation=services.settings.truncation)  # fmt: skip

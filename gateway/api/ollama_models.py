@@ -20,7 +20,7 @@ from litestar.params import RawBody
 from gateway.api.auth import caller_of, require_manage
 from gateway.api.body import read_json
 from gateway.api.embeddings import ask, split_input, vectors
-from gateway.api.ollama_resolve import entry_for, resolve
+from gateway.api.ollama_resolve import entry_for, fitted_nctx, resolve
 from gateway.api.request_id import current_request_id
 from gateway.api.services import Services
 from gateway.chat.ollama_options import chat_fields, keep_alive_s
@@ -190,7 +190,8 @@ async def _embed(request: Request, services: Services, model: str, texts: list[s
     fields = chat_fields(options)  # only num_ctx and num_gpu mean anything to an embedder
     entry = entry_for(services, model, "embeddings")
     accounting = services.accounting(entry.id, caller_of(request), None)
-    worker = await accounting.guard(services.worker(entry, nctx=fields.get("nctx"), ngl=fields.get("ngl"),
+    worker = await accounting.guard(services.worker(entry, nctx=fitted_nctx(services, entry, fields.get("nctx")),
+                                                    ngl=fields.get("ngl"),
                                                     keep_alive=keep_alive_s(keep_alive)))  # fmt: skip
     loaded = time.perf_counter_ns()
     message = Embed(0, current_request_id() or "", texts=texts, dimensions=dimensions or 0, truncate=truncate)

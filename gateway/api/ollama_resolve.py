@@ -1,5 +1,6 @@
 """The model an Ollama route's `model` names (gateway/models/ollama_names.py's rule), checked for
-what the route asks of it; a name nothing matches is Ollama's 404, `model "x" not found`."""
+what the route asks of it; a name nothing matches is Ollama's 404, `model "x" not found`. And the
+context an Ollama request's `num_ctx` may have of it."""
 
 from __future__ import annotations
 
@@ -9,6 +10,9 @@ from gateway.api.services import Services
 from gateway.errors import BadRequest, ModelNotFound
 from gateway.models.ollama_names import pick, plain_name, short_matches
 from gateway.models.store import ModelEntry
+from gateway.supervisor.memory import trained_context
+
+log = structlog.get_logger("gateway.ollama")
 
 
 def check_name(name: str) -> None:
@@ -40,3 +44,15 @@ def entry_for(services: Services, name: str, capability: str) -> ModelEntry:
     if name != entry.id:
         structlog.contextvars.bind_contextvars(model_alias=name)
     return entry
+
+
+def fitted_nctx(services: Services, entry: ModelEntry, nctx: int | None) -> int | None:
+    """`options.num_ctx` as it can be served: past the model's trained context (or the operator's
+    --max-nctx) it is lowered to that, as Ollama lowers it (with a warning), where `nctx` on the
+    OpenAI routes is a 400. Cline asks every model for 32768."""
+    limit = services.settings.max_nctx or trained_context(entry.path)
+    if nctx is None or limit is None or nctx <= limit:
+        return nctx
+    log.info("Ollama num_ctx lowered to what the model may be given", num_ctx=nctx, nctx=limit,
+             why="--max-nctx" if services.settings.max_nctx else "its trained context")  # fmt: skip
+    return limit
