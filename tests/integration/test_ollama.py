@@ -332,6 +332,13 @@ def test_the_ollama_cli_open_webui_continue_and_cline_are_served_as_they_send(se
         ok("/api/chat", {"model": MODEL, "messages": ASK, "stream": False, "options": {**little, **owui},
                          "keep_alive": "5m", "format": "", "metadata": {"chat_id": "c1"}})  # fmt: skip
         assert ok("/api/embed", {"model": GGUF_MODEL, "input": ["hi"], "prompt": "hi"}).json()["embeddings"]
+        # its OpenAI connection: the last message's text marked for Anthropic's prompt cache, usage asked
+        # of a stream, and a model's reasoning_effort sent as OpenAI's `reasoning`
+        marked = [{"type": "text", "text": "What is the capital of France?", "cache_control": {"type": "ephemeral"}}]
+        streamed = ok("/v1/chat/completions", {"model": MODEL, "messages": [ASK[0], {"role": "user", "content": marked}],
+                                               "stream": True, "stream_options": {"include_usage": True},
+                                               "reasoning": {"effort": "low"}, "max_tokens": 4})  # fmt: skip
+        assert '"usage"' in streamed.text and streamed.text.rstrip().endswith("[DONE]")
         # Continue: /api/show by `name`, a 30-minute keep_alive, and its autocomplete's 18 stop strings
         ok("/api/show", {"name": MODEL})
         stops = ["<|endoftext|>", "<|fim_prefix|>", "<|fim_middle|>", "<|fim_suffix|>", "<|fim_pad|>", "<|repo_name|>",
