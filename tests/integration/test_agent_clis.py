@@ -34,6 +34,14 @@ TURN_TIMEOUT_S = 300  # a CLI's first request is 1,200 to 4,500 prompt tokens, o
 # half to read (9,100 in all); a model instructions file of one line is Codex's way to replace them,
 # and without its goal tools (800 tokens) the request still holds its namespace and web search.
 CODEX_INSTRUCTIONS = "You are a coding agent in a terminal. Answer briefly."
+# Codex's own switches for the prose it adds as developer and user messages (the skills list, the
+# sandbox's rules, the environment: 700 of the 4,700 tokens left): plain text, which proves nothing
+# the one-line instructions and the prompt do not, while every tool and extra field is still sent.
+CODEX_TRIM = ("skills.include_instructions=false", "include_permissions_instructions=false",
+              "include_environment_context=false")  # fmt: skip
+# pi's own system prompt (600 of its 1,500 tokens) lists its tools again in prose; its flag replaces
+# it, and the tools themselves are still sent as Chat Completions tools.
+PI_SYSTEM_PROMPT = "You are a coding assistant in a terminal. Answer briefly."
 # How Codex ends a turn whose response came back `incomplete` at the token limit.
 LENGTH_LIMITED = "Incomplete response returned, reason: max_output_tokens"
 # How Claude Code names a turn whose answer stopped at its CLAUDE_CODE_MAX_OUTPUT_TOKENS.
@@ -88,7 +96,8 @@ def test_codex_exec_completes_a_turn_over_responses(clis: agent_clis.Clis, serve
     env = clis.env(tmp_path / "home", CODEX_HOME=str(tmp_path / "home"), GENIEX_KEY="unused")
     done = run([str(clis.bin / "codex"), "exec", "--json", "--skip-git-repo-check", "--ephemeral", "--sandbox",
                 "read-only", "-c", "model_provider=geniex", "-c", f"model_providers.geniex={provider}",
-                "-c", f'model_instructions_file="{instructions}"', "--disable", "goals", "-m", MODEL, PROMPT],
+                "-c", f'model_instructions_file="{instructions}"', *(a for c in CODEX_TRIM for a in ("-c", c)),
+                "--disable", "goals", "-m", MODEL, PROMPT],
                env, cwd, check=False)  # fmt: skip
     events = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
     kinds = [e.get("type") for e in events]
@@ -142,7 +151,7 @@ def test_pi_completes_a_turn_over_chat_completions(clis: agent_clis.Clis, server
     # Its compaction (a summarising request) starts when a turn leaves less than 16k tokens of context free.
     (config / "settings.json").write_text(json.dumps({"compaction": {"enabled": False}}))
     done = run([str(clis.bin / "pi"), "--offline", "--no-session", "-p", "--mode", "json", "--provider", "geniex",
-                "--model", MODEL, PROMPT], clis.env(tmp_path / "home"), cwd)  # fmt: skip
+                "--model", MODEL, "--system-prompt", PI_SYSTEM_PROMPT, PROMPT], clis.env(tmp_path / "home"), cwd)  # fmt: skip
     events = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
     ends = [e for e in events if e.get("type") == "agent_end"]
     assert ends, done.stdout[-4000:]
