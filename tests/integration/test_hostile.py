@@ -68,17 +68,18 @@ def test_what_a_page_can_post_anywhere_is_refused_on_every_route(server: ServerP
 def test_a_body_without_a_content_type_is_read_as_json(server: ServerProcess) -> None:
     """LiteLLM's Ollama provider posts JSON with no Content-Type, as Ollama allows; so does the
     server's own page (its Origin) where it may. An empty or broken body is the route's 400."""
-    body = b'{"model": "%s", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1' % MODEL.encode()
-    for path, close in (("/v1/chat/completions", b"}"), ("/api/chat", b', "stream": false}')):
-        ok = httpx.post(f"{server.base_url}{path}", content=body + close, timeout=60)
+    ask = b'{"model": "%s", "messages": [{"role": "user", "content": "hi"}], ' % MODEL.encode()
+    for path, rest in (("/v1/chat/completions", b'"max_tokens": 1}'),
+                       ("/api/chat", b'"options": {"num_predict": 1}, "stream": false}')):  # fmt: skip
+        ok = httpx.post(f"{server.base_url}{path}", content=ask + rest, timeout=60)
         assert ok.status_code == 200 and "content-type" not in ok.request.headers, ok.text
-        own = httpx.post(f"{server.base_url}{path}", content=body + close, headers={"origin": server.base_url},
+        own = httpx.post(f"{server.base_url}{path}", content=ask + rest, headers={"origin": server.base_url},
                          timeout=60)  # fmt: skip
         assert own.status_code == 200, own.text
-        for broken, says in ((b"", "the body is empty"), (body, "not JSON")):
+        for broken, says in ((b"", "the body is empty"), (ask, "not JSON")):
             r = httpx.post(f"{server.base_url}{path}", content=broken, timeout=30)
             assert r.status_code == 400 and says in r.json()["error"], (path, r.text)
-    r = httpx.post(f"{server.base_url}/v1/audio/transcriptions", content=body + b"}", timeout=30)
+    r = httpx.post(f"{server.base_url}/v1/audio/transcriptions", content=ask + b"}", timeout=30)
     assert r.status_code == 415 and "multipart/form-data" in r.json()["error"], r.text
 
 
