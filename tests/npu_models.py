@@ -175,3 +175,35 @@ class TinyGGUF:
         self.w.write_tensors_to_file()
         self.w.close()
         return str(self.path)
+
+
+def truncated_gguf(path: Path, n_layer: int, src: str | None = None) -> str:
+    """`src` (the bundled SmolLM2 by default) cut to its first `n_layer` blocks: every KV field copied
+    (the tokenizer and chat template included) but the block count, and the kept tensors copied raw,
+    quantized types as they are. The same architecture, vocabulary and weights as the real model, so
+    its greedy text is still words, at a fraction of the layers a simulated NPU step has to run."""
+    import gguf
+
+    reader = gguf.GGUFReader(src or bundled_gguf())
+    arch = str(reader.fields["general.architecture"].contents())
+    w = gguf.GGUFWriter(str(path), arch)
+    for key, field in reader.fields.items():
+        if key.startswith("GGUF.") or key == "general.architecture":
+            continue  # the writer writes these itself
+        if key == f"{arch}.block_count":
+            w.add_block_count(n_layer)
+            continue
+        vtype = field.types[0]
+        sub_type = field.types[-1] if vtype == gguf.GGUFValueType.ARRAY else None
+        w.add_key_value(key, field.contents(), vtype, sub_type)
+    for t in reader.tensors:
+        if t.name.startswith("blk.") and int(t.name.split(".")[1]) >= n_layer:
+            continue
+        # The reader's data is the file's bytes (rows x bytes for a quantized type); with raw_dtype the
+        # writer takes them as they are and derives the element shape.
+        w.add_tensor(t.name, t.data, raw_dtype=t.tensor_type)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return str(path)

@@ -2,8 +2,11 @@
 the model compiled beforehand by `geniex npu compile --bundle` and imported by `geniex pull --local`,
 as a laptop would take a model compiled on another machine.
 
-Slow (about 2 min on a busy 2-core box): a simulated decode step takes seconds and compiling the
-two QNN contexts tens of seconds (once, in the compile), so the requests are a few tokens.
+The model is the bundled SmolLM2 cut to its first 2 of 30 layers (tests/npu_models.truncated_gguf):
+its architecture, tokenizer, chat template and Q4_1 weights, so the compile, the bundle and both
+engines take the path the whole model does. The simulator models the HTP's arithmetic, not its
+speed, and a simulated step's time grows with the layers: 2 make the compile and each step about a
+tenth of the whole model's. Still slow-ish on a busy 2-core box, so the requests are a few tokens.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ import openai
 import pytest
 
 from protocol.npu_bundle import BUNDLE_FILE
-from tests.conftest import MODEL
+from tests.npu_models import truncated_gguf
 from tests.server_proc import ServerProcess, serving
 
 pytestmark = [
@@ -31,6 +34,10 @@ pytestmark = [
     pytest.mark.timeout(900),
     pytest.mark.skipif(importlib.util.find_spec("onnxruntime_qnn") is None, reason="needs onnxruntime-qnn"),
 ]
+
+# The 2-layer model's name in both data dirs: the CPU engine runs that same file, so the two engines'
+# greedy tokens are compared on the same weights.
+MODEL = "geniex-tests/SmolLM2-135M-Instruct-2-layers:Q4_1"
 
 # A short system turn keeps the prompt within one 32-token prefill chunk.
 MESSAGES = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "What is the capital of France?"}]
@@ -44,6 +51,9 @@ def _geniex(*args: str, env: dict[str, str] | None = None) -> subprocess.Complet
 @pytest.fixture(scope="module")
 def bundle(tmp_path_factory: pytest.TempPathFactory) -> Path:
     build = tmp_path_factory.mktemp("npu-build")
+    gguf = truncated_gguf(build / "smollm2-2-layers.gguf", 2)
+    done = _geniex("pull", MODEL, "--local", gguf, "--data-dir", str(build / "data"))
+    assert done.returncode == 0, done.stdout + done.stderr
     done = _geniex("npu", "compile", MODEL, "--data-dir", str(build / "data"), "--nctx", "128", "--bundle",
                    str(build / "bundle"), env={**os.environ, "GENIEX_QNN_SIMULATOR": "1"})  # fmt: skip
     assert done.returncode == 0, done.stdout + done.stderr
