@@ -31,6 +31,10 @@ NODE_MAJOR = 22
 REFRESH_S = 24 * 3600
 INSTALL_TIMEOUT_S = 300
 VERSIONS = CACHE / "versions.json"  # what the last test run used; tests/conftest.py prints it
+# The cache's age is judged as of this process's start, not of each call: a stamp that turns a day
+# old mid-run would otherwise send a later test (Ollama's JavaScript client, minutes after the agent
+# CLIs found the cache fresh) into a 20 s npm install. A stamp written by this run counts as fresh.
+_STARTED = time.time()
 
 
 @dataclass(frozen=True)
@@ -114,7 +118,7 @@ def install() -> Clis | str:
     stamp = CACHE / "clis" / ".updated"
     have = all((clis.bin / n).exists() for n in COMMANDS) and all((clis.modules / "node_modules" / n).exists()
                                                                   for n in LIBRARIES)  # fmt: skip
-    if have and stamp.exists() and time.time() - stamp.stat().st_mtime < REFRESH_S:
+    if have and stamp.exists() and _STARTED - stamp.stat().st_mtime < REFRESH_S:
         return clis
     env = {**os.environ, "PATH": f"{node_bin}{os.pathsep}{os.environ.get('PATH', '')}"}
     failed = _run([str(node_bin / "node"), str(npm_cli), "install", "--no-audit", "--no-fund", "--prefix",
