@@ -51,16 +51,19 @@ if AST_RECURSION_BUG and not getattr(ast.parse, "collections_paused", False):
 MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct:Q4_1"
 
 # `make test` runs the suite on two pytest-xdist workers (-n 2 --dist loadgroup). A module is one
-# group, so that its server fixture starts once; the modules that share the converted NPU graph
-# (tests/npu_models.converted, about 7 s) are one group; and the slowest groups are handed out
-# first, so that neither worker is left alone with a long one at the end. test_npu_chat compiles
-# its own bundle (about 2.5 min in the simulator), so it runs beside the "npu" group, not in it.
-SHARED_GROUPS = dict.fromkeys(("test_npu_convert", "test_npu_engine", "test_npu_cache"), "npu")
+# group, so that its server fixture starts once; the modules that share the converted NPU graphs
+# (tests/npu_models.converted and converted_parts, about 7 s each) are one group; and the slowest
+# groups are handed out first, so that neither worker is left alone with a long one at the end.
+# test_npu_chat compiles its own bundle (a 2-layer SmolLM2, under a minute in the simulator), so it
+# runs beside the "npu" group, not in it.
+SHARED_GROUPS = dict.fromkeys(
+    ("test_npu_convert", "test_npu_engine", "test_npu_cache", "test_npu_parts", "test_npu_iobinding"), "npu"
+)
 SLOWEST_FIRST = (
-    "test_npu_chat",
+    "npu",
     "test_soak",
     "test_agent_clis",
-    "npu",
+    "test_npu_chat",
     "test_lifecycle",
     "test_speculative",
     "test_prompt_cache",

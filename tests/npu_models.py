@@ -31,6 +31,22 @@ def converted(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return _converted["folder"]
 
 
+PARTS_LIMIT = 32_000_000  # SmolLM2's layers are 2.2 MB each at 4 bits, its tied 8-bit head 31.9 MB: 4 parts
+_parts: dict[str, Path] = {}
+
+
+def converted_parts(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The bundled model converted in chained parts (at most PARTS_LIMIT of weights each), made on the
+    first call of the session: test_npu_parts and test_npu_iobinding share it (one xdist group)."""
+    from workers.engines.npu.convert import convert
+
+    if "folder" not in _parts:
+        folder = tmp_path_factory.mktemp("npu-parts")
+        convert(bundled_gguf(), folder, part_limit=PARTS_LIMIT)
+        _parts["folder"] = folder
+    return _parts["folder"]
+
+
 _quantized: dict[tuple[str, str], str] = {}
 
 

@@ -15,14 +15,13 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 
-from tests.npu_models import bundled_gguf, converted
-from workers.engines.npu.convert import DecoderConfig, convert
+from tests.npu_models import converted, converted_parts
+from workers.engines.npu.convert import DecoderConfig
 from workers.engines.npu.decoder import Decoder, SessionFactory, cpu_session_factory
 
 N_CTX = 64
 CHUNK = 8
 PROMPT = [1, 504, 3458, 282, 4649, 314, 7042, 28, 284, 3458, 282, 11906, 314]  # 13 tokens: a full chunk, a padded one
-SMALL_LIMIT = 32_000_000  # SmolLM2 in 4 parts (as in test_npu_parts.py)
 
 
 def test_an_ortvalue_over_a_numpy_array_shares_its_memory() -> None:
@@ -82,8 +81,7 @@ def test_bound_steps_give_the_plain_runs_logits(tmp_path_factory: pytest.TempPat
 
 
 def test_bound_steps_through_chained_parts(tmp_path_factory: pytest.TempPathFactory) -> None:
-    folder = tmp_path_factory.mktemp("npu-iobinding-parts")
-    convert(bundled_gguf(), folder, part_limit=SMALL_LIMIT)
+    folder = converted_parts(tmp_path_factory)  # the conversion test_npu_parts checks against the plan
     assert len(DecoderConfig.load(folder).graph_parts()) == 4
     bound, plain = decoders(folder)
     same(bound, plain)

@@ -21,23 +21,21 @@ import pytest
 
 from protocol.gguf_header import npu_shape
 from protocol.npu_plan import PART_LIMIT, SOCS, split
-from tests.npu_models import bundled_gguf, converted, llama_shaped_gguf
-from workers.engines.npu.convert import GRAPH_FILE, DecoderConfig, convert
+from tests.npu_models import PARTS_LIMIT, bundled_gguf, converted, converted_parts, llama_shaped_gguf
+from workers.engines.npu.convert import GRAPH_FILE, DecoderConfig
 from workers.engines.npu.decoder import Decoder, context_file, cpu_session_factory
 
 PROMPT = b"The capital of France is Paris, and the capital of Italy is"
 SEQUENCE = b"Continue the sequence: 1, 2, 3, 4,"
 N_CTX = 64
 CHUNK = 8  # the 13-token prompt: one full chunk and one padded one
-SMALL_LIMIT = 32_000_000  # SmolLM2's layers are 2.2 MB each at 4 bits, its tied 8-bit head 31.9 MB
+SMALL_LIMIT = PARTS_LIMIT  # SmolLM2's 30 layers in 3 parts, its head in a 4th
 REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
 def parts(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    folder = tmp_path_factory.mktemp("npu-parts")
-    convert(bundled_gguf(), folder, part_limit=SMALL_LIMIT)
-    return folder
+    return converted_parts(tmp_path_factory)  # shared with test_npu_iobinding
 
 
 def test_the_parts_are_the_plans(parts: Path, tmp_path_factory: pytest.TempPathFactory) -> None:
