@@ -19,9 +19,12 @@ SYSTEM = "You are a helpful assistant. " + " ".join(
 )
 
 
-def chat(client: openai.OpenAI, messages: list[dict[str, str]], **body: Any) -> tuple[str, int, int]:
-    """(answer, prompt tokens, cached prompt tokens) of one greedy turn."""
-    r = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=24, temperature=0,  # type: ignore[arg-type]
+def chat(
+    client: openai.OpenAI, messages: list[dict[str, str]], max_tokens: int = 24, **body: Any
+) -> tuple[str, int, int]:
+    """(answer, prompt tokens, cached prompt tokens) of one greedy turn (24 tokens: enough for
+    same_answer's 60 characters; the cap tests, where only the KV's size matters, ask for fewer)."""
+    r = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=max_tokens, temperature=0,  # type: ignore[arg-type]
                                        extra_body=body or None)  # fmt: skip
     details = r.usage.prompt_tokens_details
     return r.choices[0].message.content or "", r.usage.prompt_tokens, details.cached_tokens if details else 0
@@ -84,7 +87,8 @@ def test_a_conversation_survives_its_slot_being_taken_by_another(start) -> None:
     client = client_for(start("--nctx", "2048", "--parallel", "1"))
     turn1 = conversation("What is rule 3?")
     answer1, prompt1, _ = chat(client, turn1)
-    chat(client, conversation("What is rule 3?", system="You are a pirate. " * 40))  # takes the only slot
+    # Any other conversation takes the only slot; a short one costs the least prefill.
+    chat(client, conversation("What is rule 3?", system="You are a pirate. " * 8))
     turn2 = [*turn1, {"role": "assistant", "content": answer1}, {"role": "user", "content": "And rule 7?"}]
     answer2, _, cached2 = chat(client, turn2)
     assert cached2 > prompt1, "restored from the RAM cache, the first answer included"
@@ -92,29 +96,34 @@ def test_a_conversation_survives_its_slot_being_taken_by_another(start) -> None:
     assert same_answer(answer2, fresh), (answer2, fresh)
 
 
+# A conversation of about 100 tokens of KV, about 2.3 MB for SmolLM2: one fits in a 4 MiB RAM cache,
+# two do not (as 7 MB in 8 MiB did, at a third of the prefill).
+def churn(name: str) -> list[dict[str, str]]:
+    return conversation("Hi.", system=f"{name}. {'Be brief. ' * 24}")
+
+
 def test_the_ram_cache_stays_under_its_cap(start) -> None:  # type: ignore[no-untyped-def]
-    srv = start("--nctx", "1024", "--parallel", "1", "--cache-ram-mb", "8")
+    srv = start("--nctx", "1024", "--parallel", "1", "--cache-ram-mb", "4")
     client = client_for(srv)
-    # Each conversation holds about 300 tokens of KV, about 7 MB for SmolLM2: one fits in 8 MiB.
-    chat(client, conversation("Hi.", system=f"Conversation 0. {'Be brief. ' * 60}"))
+    chat(client, churn("Conversation 0"), max_tokens=4)
     baseline = workers(srv)[0]["rss_bytes"]
     for n in range(1, 7):
-        chat(client, conversation("Hi.", system=f"Conversation {n}. {'Be brief. ' * 60}"))
+        chat(client, churn(f"Conversation {n}"), max_tokens=4)
         row = workers(srv)[0]
-        assert row["cache_bytes"] <= 8 << 20
+        assert row["cache_bytes"] <= 4 << 20
     assert row["cache_evictions"] >= 4
-    assert row["rss_bytes"] - baseline < (8 << 20) + (64 << 20)
+    assert row["rss_bytes"] - baseline < (4 << 20) + (64 << 20)
     metrics = httpx.get(f"{srv.base_url}/metrics", timeout=10).text
     assert "geniex:prompt_cache_evictions_total{" in metrics and "geniex:prompt_cache_bytes{" in metrics
 
 
 def test_keep_cache_still_pins_a_conversation(start) -> None:  # type: ignore[no-untyped-def]
-    client = client_for(start("--nctx", "1024", "--parallel", "1", "--cache-ram-mb", "8"))
+    client = client_for(start("--nctx", "1024", "--parallel", "1", "--cache-ram-mb", "4"))
     keep = {"GenieX-KeepCache": "true"}
-    turn1 = conversation("Name three colours.", system=f"Pinned. {'Be brief. ' * 60}")
+    turn1 = conversation("Name three colours.", system=f"Pinned. {'Be brief. ' * 24}")
     r1 = client.chat.completions.create(model=MODEL, messages=turn1, max_tokens=20, temperature=0, extra_headers=keep)  # type: ignore[arg-type]
-    for n in range(4):  # other conversations churn through the slot and the 8 MiB cache
-        chat(client, conversation("Hi.", system=f"Churn {n}. {'Be brief. ' * 60}"))
+    for n in range(4):  # other conversations churn through the slot and the 4 MiB cache
+        chat(client, churn(f"Churn {n}"), max_tokens=4)
     turn2 = [*turn1, {"role": "assistant", "content": r1.choices[0].message.content or ""},
              {"role": "user", "content": "And three animals?"}]  # fmt: skip
     _, _, cached = chat(client, turn2)
