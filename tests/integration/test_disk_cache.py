@@ -26,8 +26,8 @@ from workers.engines.llama import disk_cache
 # About 500 tokens with SmolLM2's template: a system prompt and a few facts, a state of about 11 MB.
 # Enough that a restore shows in cached_tokens; the restart test prefills it cold three times, and
 # at 2,000 tokens those prefills were most of the module's time (what is proven does not grow with it).
-LONG_SYSTEM = SYSTEM + " " + " ".join(f"Fact {i}: item {i} weighs {i * 7 % 13} kilograms." for i in range(12))
-# About 130 tokens (a state of about 3 MB): above the 64 a state needs to be saved at all
+LONG_SYSTEM = SYSTEM + " " + " ".join(f"Fact {i}: item {i} weighs {i * 7 % 13} kilograms." for i in range(20))
+# About 150 tokens (a state of about 3.5 MB): above the 64 a state needs to be saved at all
 # (slots.MIN_SAVE_TOKENS), for the tests where what a state holds does not matter, only that it exists.
 SHORT_SYSTEM = "You are a helpful assistant. " + " ".join(
     f"Rule {i}: always be kind and precise about topic number {i}." for i in range(8)
@@ -137,7 +137,7 @@ def test_corrupt_foreign_and_truncated_state_files_are_skipped(start, tmp_path: 
 
 def test_the_disk_tier_keeps_to_its_cap(start, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     data = tmp_path / "data"
-    # States of about 3 MB under a 4 MiB cap: each write past the first must evict to keep to it.
+    # States of about 3.5 MB under a 4 MiB cap: each write past the first must evict to keep to it.
     client = client_for(start("--nctx", "1024", "--parallel", "1", "--cache-ram", "0", "--cache-disk", "4",
                               data_dir=data))  # fmt: skip
     for i in range(6):  # each conversation pushes the last one out of the slot, and so to disk
