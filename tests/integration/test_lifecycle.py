@@ -201,10 +201,12 @@ def test_full_queue_answers_503_with_retry_after(start) -> None:  # type: ignore
 def test_eight_concurrent_clients_match_their_solo_greedy_output(start) -> None:  # type: ignore[no-untyped-def]
     srv = start("--nctx", "1024", "--parallel", "4")
     prompts = [f"Tell me a fact about the number {i}." for i in range(8)]
+    # 24 tokens each: sequences that bled into each other in a batch would differ from their solo
+    # answers within the first few; 40 doubled the solo pass's sequential decoding for no more proof.
     client = client_for(srv)
 
     def one(p: str) -> str:
-        r = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": p}], max_tokens=40,
+        r = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": p}], max_tokens=24,
                                            temperature=0)  # fmt: skip
         return r.choices[0].message.content or ""
 
@@ -216,7 +218,7 @@ def test_eight_concurrent_clients_match_their_solo_greedy_output(start) -> None:
         async def run(p: str) -> str:
             parts = []
             stream = await aclient.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": p}],
-                                                           max_tokens=40, temperature=0, stream=True)  # fmt: skip
+                                                           max_tokens=24, temperature=0, stream=True)  # fmt: skip
             async for ch in stream:
                 if ch.choices and ch.choices[0].delta.content:
                     parts.append(ch.choices[0].delta.content)
@@ -273,12 +275,15 @@ def test_eviction_is_lru_and_never_hits_a_busy_worker(start, tmp_path: Path) -> 
     client.chat.completions.create(model=c, messages=LONG, max_tokens=1)
     assert sorted(w["model"] for w in workers(srv)) == sorted([MODEL, c])
 
-    # max-loaded 1: a busy worker is not evicted; the newcomer waits for it to finish. The stream
-    # is longer than an eviction's graceful drain (10 s), so evicting it would cut it short.
-    srv2 = start("--nctx", "2048", "--max-loaded", "1", "--stream-interval-ms", "0", data_dir=data)
+    # max-loaded 1: a busy worker is not evicted; the newcomer waits for it to finish. An eviction
+    # of the busy worker shows without the stream outlasting an eviction's graceful drain (10 s;
+    # 1,200 tokens took a third of the module's time): the gateway drops an evicted worker from
+    # /v1/workers at once (checked as the stream runs) and logs "evicting worker" before it waits
+    # for the drain, so before the stream's end (checked after).
+    srv2 = start("--nctx", "1024", "--max-loaded", "1", "--stream-interval-ms", "0", data_dir=data)
     client2 = client_for(srv2)
     no_end = {"0": -100, "2": -100}  # SmolLM2's end tokens: the stream runs to max_tokens
-    stream = client2.chat.completions.create(model=MODEL, messages=LONG, stream=True, max_tokens=1200, temperature=0,
+    stream = client2.chat.completions.create(model=MODEL, messages=LONG, stream=True, max_tokens=400, temperature=0,
                                              logit_bias=no_end, stream_options={"include_usage": True})  # fmt: skip
     it = iter(stream)
     next(it)
@@ -291,22 +296,22 @@ def test_eviction_is_lru_and_never_hits_a_busy_worker(start, tmp_path: Path) -> 
     chunks = []
     for i, chunk in enumerate(it):
         chunks.append(chunk)
-        # A chunk per token (--stream-interval-ms 0); only the first 300 are checked, since a client
+        # A chunk per token (--stream-interval-ms 0); only the first 200 are checked, since a client
         # on a loaded box may read the last ones after the worker is done (and rightly evicted).
-        if i % 50 == 0 and i < 300 and chunk.choices:
+        if i % 25 == 0 and i < 200 and chunk.choices:
             assert [w["pid"] for w in workers(srv2) if w["model"] == MODEL] == [pid], "the busy worker stays"
     assert chunks[-2].choices[0].finish_reason == "length", "the busy worker's stream ran to its end"
-    assert chunks[-1].usage.completion_tokens == 1200
+    assert chunks[-1].usage.completion_tokens == 400
     t.join(60)
     assert result["r"].usage.completion_tokens == 2  # type: ignore[attr-defined]
     assert [w["model"] for w in workers(srv2)] == [b]
     evictions = log_events(srv2, "evicting worker")
-    # The worker's own "generation done" for the 1200 tokens, not the client's clock: a client on
+    # The worker's own "generation done" for the 400 tokens, not the client's clock: a client on
     # a loaded box may still be reading when the worker is done and rightly evicted. The worker
     # sends its Done before it writes that line, so the gateway may log the eviction a fraction of
-    # a millisecond earlier (seen: 0.25 ms); an eviction that cut the stream would come seconds
-    # before its end (and the stream's 1200 tokens are checked above).
-    done = [e for e in log_events(srv2, "generation done") if e.get("completion_tokens") == 1200]
+    # a millisecond earlier (seen: 0.25 ms); an eviction of the busy worker would come seconds
+    # before its end, when the newcomer arrived (and the stream's 400 tokens are checked above).
+    done = [e for e in log_events(srv2, "generation done") if e.get("completion_tokens") == 400]
     assert len(evictions) == 1 and done, (evictions, done)
     assert _ts(evictions[0]) >= _ts(done[0]) - 0.05, "evicted only once its stream had ended"
 
