@@ -31,9 +31,13 @@ def bound_body(path: str, body: Any, model: str, nctx: int) -> None:
     for key in TOKEN_FIELDS:
         if _in_range(body.get(key)):
             body[key] = min(body[key], MAX_TOKENS)
-    if path == "/v1/chat/completions" and not any(key in body for key in TOKEN_FIELDS):
-        # Unbounded, SmolLM2 talks until the context is full: seconds per case.
-        body["max_completion_tokens"] = MAX_TOKENS
+    if path == "/v1/chat/completions" and all(body.get(key) is None for key in TOKEN_FIELDS):
+        # Unbounded, SmolLM2 talks until the context is full: seconds per case (15 s on a busy box).
+        # A null limit is no limit too (the spec's fields are nullable, and the fuzzer sends null):
+        # the other field is set instead, so the null is still sent; max_completion_tokens wins
+        # over max_tokens when both are numbers (gateway/chat/convert.py).
+        absent = [key for key in TOKEN_FIELDS if key not in body]
+        body[absent[0] if absent else TOKEN_FIELDS[0]] = MAX_TOKENS
     # Another valid nctx starts another worker (0.6 s and about 1.3 GB of estimate each).
     if _in_range(body.get("nctx")):
         body["nctx"] = nctx
