@@ -26,6 +26,7 @@ from gateway.chat.shape import ChoiceShaper
 from gateway.errors import BadRequest
 from protocol import anthropic as a
 from protocol import chat
+from protocol.limits import MAX_STOP
 
 
 def request(**fields: Any) -> a.MessagesRequest:
@@ -273,7 +274,7 @@ async def test_an_error_mid_stream_is_an_error_event() -> None:
 
 def test_the_chat_endpoints_bounds_hold_here_too() -> None:
     with pytest.raises(msgspec.ValidationError, match="stop_sequences"):
-        request(stop_sequences=["x"] * 17)
+        request(stop_sequences=["x"] * (MAX_STOP + 1))
     with pytest.raises(msgspec.ValidationError, match="stop_sequences"):
         request(stop_sequences=["x" * 1025])
     with pytest.raises(msgspec.ValidationError, match="tools"):
