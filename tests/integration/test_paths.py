@@ -15,6 +15,7 @@ import shutil
 import subprocess
 import sys
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from urllib.parse import quote
 
@@ -95,30 +96,33 @@ def test_path_fields_of_a_request_stay_inside_the_allowed_folders(site: tuple[Se
     )
     assert ok.status_code == 200 and ok.json()["choices"][0]["message"]["content"] == "ok", ok.text
     tried = 0
-    for value in hostile_values(canary, allowed):
-        bodies = {
-            "grammar_path": {"model": MODEL, "messages": hi, "max_tokens": 4, "grammar_path": value},
-            "spec_draft_model": {"model": MODEL, "messages": hi, "max_tokens": 4, "spec_type": "draft-simple",
-                                 "spec_draft_model": value},
-            "model": {"model": value, "messages": hi, "max_tokens": 4},
-        }  # fmt: skip
-        for field, body in bodies.items():
-            r = httpx.post(chat, json=body, timeout=60)
-            assert r.status_code in (400, 404), (field, value, r.status_code, r.text[:300])
-            assert "CANARY" not in r.text and "root:" not in r.text, (field, value, r.text[:300])
-            assert isinstance(r.json()["error"], str)
+    # One client for the 260 requests: httpx.post builds a client, and loads its TLS context, per
+    # call (some 30 ms each, most of this test's time); the server sees the same requests either way.
+    with httpx.Client(timeout=60) as http:
+        for value in hostile_values(canary, allowed):
+            bodies = {
+                "grammar_path": {"model": MODEL, "messages": hi, "max_tokens": 4, "grammar_path": value},
+                "spec_draft_model": {"model": MODEL, "messages": hi, "max_tokens": 4, "spec_type": "draft-simple",
+                                     "spec_draft_model": value},
+                "model": {"model": value, "messages": hi, "max_tokens": 4},
+            }  # fmt: skip
+            for field, body in bodies.items():
+                r = http.post(chat, json=body)
+                assert r.status_code in (400, 404), (field, value, r.status_code, r.text[:300])
+                assert "CANARY" not in r.text and "root:" not in r.text, (field, value, r.text[:300])
+                assert isinstance(r.json()["error"], str)
+                tried += 1
+            # Escaped whole (dots too, or the client would resolve `..` itself), so the server decodes it.
+            r = http.get(f"{srv.base_url}/v1/models/{quote(value, safe='').replace('.', '%2E')}", timeout=30)
+            if r.status_code == 200:  # "/" decodes to /v1/models//, which routes to the list
+                assert r.json().get("object") == "list", (value, r.text[:300])
+            else:
+                assert r.status_code in (400, 404) and isinstance(r.json()["error"], str), (
+                    value,
+                    r.status_code,
+                    r.text[:300],
+                )
             tried += 1
-        # Escaped whole (dots too, or the client would resolve `..` itself), so the server decodes it.
-        r = httpx.get(f"{srv.base_url}/v1/models/{quote(value, safe='').replace('.', '%2E')}", timeout=30)
-        if r.status_code == 200:  # "/" decodes to /v1/models//, which routes to the list
-            assert r.json().get("object") == "list", (value, r.text[:300])
-        else:
-            assert r.status_code in (400, 404) and isinstance(r.json()["error"], str), (
-                value,
-                r.status_code,
-                r.text[:300],
-            )
-        tried += 1
     assert tried >= 200
     _untouched(canary)
     assert httpx.get(f"{srv.base_url}/health", timeout=10).status_code == 200
@@ -133,8 +137,18 @@ def _geniex(data_dir: Path, *args: str) -> subprocess.CompletedProcess[str]:
 def test_rm_never_deletes_what_a_manifest_names_outside_its_folder(tmp_path: Path) -> None:
     """A manifest is a file anyone with write access to the store can edit: its names are not
     trusted. Each hostile name is refused by `geniex rm`, and `geniex list` never offers it."""
-    data, canary = tmp_path / "data", tmp_path / "canary"
-    canary.mkdir()
+    names = [str(tmp_path / "{case}" / "canary" / "passwd"), "../../../../canary/passwd", "..", ".", "", "../repo2",
+             "/", "a/../../x", "..\\..\\canary\\passwd", "C:\\canary", "x\x00y", "link.gguf"]  # fmt: skip
+    # Each name gets a store and victims of its own, so the 24 CLI runs (a Python start-up each,
+    # nearly all of this test's time) can overlap; a victim deleted still names its manifest.
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        list(pool.map(lambda case: _rm_refuses(tmp_path / str(case[0]), case[1].format(case=case[0])),
+                      enumerate(names)))  # fmt: skip
+
+
+def _rm_refuses(case: Path, name: str) -> None:
+    data, canary = case / "data", case / "canary"
+    canary.mkdir(parents=True)
     victims = {"passwd": canary / "passwd", "dir": canary / "dir"}
     victims["passwd"].write_text("keep me")
     victims["dir"].mkdir()
@@ -142,22 +156,16 @@ def test_rm_never_deletes_what_a_manifest_names_outside_its_folder(tmp_path: Pat
     repo = data / "models" / "org" / "repo"
     repo.mkdir(parents=True)
     (repo / "link.gguf").symlink_to(victims["passwd"])
-    names = [str(victims["passwd"]), "../../../../canary/passwd", "..", ".", "", "../repo2", "/", "a/../../x",
-             "..\\..\\canary\\passwd", "C:\\canary", "x\x00y", "link.gguf"]  # fmt: skip
-    for i, name in enumerate(names):
-        variants = {"Q4_0": {"file": name, "size": 1, "created": 0, "source": "x"}}
-        (repo / "manifest.json").write_text(json.dumps({"org": "org", "repo": "repo", "engine": "llama_cpp",
-                                                        "variants": variants}))  # fmt: skip
-        listed = _geniex(data, "list")
-        if name != "link.gguf":
-            assert not any(line.startswith("org/repo") for line in listed.stdout.splitlines()), (name, listed.stdout)
-        out = _geniex(data, "rm", "org/repo:Q4_0")
-        assert "Traceback" not in out.stderr, (name, out.stderr)
-        assert victims["passwd"].read_text() == "keep me", (i, name)
-        assert (victims["dir"] / "f").read_text() == "keep me too", (i, name)
-        repo.mkdir(parents=True, exist_ok=True)
-        if not (repo / "link.gguf").is_symlink():
-            (repo / "link.gguf").symlink_to(victims["passwd"])
+    variants = {"Q4_0": {"file": name, "size": 1, "created": 0, "source": "x"}}
+    (repo / "manifest.json").write_text(json.dumps({"org": "org", "repo": "repo", "engine": "llama_cpp",
+                                                    "variants": variants}))  # fmt: skip
+    listed = _geniex(data, "list")
+    if name != "link.gguf":
+        assert not any(line.startswith("org/repo") for line in listed.stdout.splitlines()), (name, listed.stdout)
+    out = _geniex(data, "rm", "org/repo:Q4_0")
+    assert "Traceback" not in out.stderr, (name, out.stderr)
+    assert victims["passwd"].read_text() == "keep me", name
+    assert (victims["dir"] / "f").read_text() == "keep me too", name
     shutil.rmtree(data)
 
 
