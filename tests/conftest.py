@@ -50,6 +50,29 @@ if AST_RECURSION_BUG and not getattr(ast.parse, "collections_paused", False):
 
 MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct:Q4_1"
 
+
+def _share_the_default_ssl_context() -> None:
+    """httpx makes an SSLContext (certifi's roots parsed anew) for every client, so for every
+    httpx.get or httpx.post and every SDK client: about 27 ms of CPU each, thousands of times a run,
+    mostly for servers that speak plain HTTP. One default context serves every client of this
+    process (a context may be shared); a test's own (`verify=ctx`, a client certificate) is its own."""
+    try:
+        from httpx._transports import default
+    except ImportError:  # httpx moved it: every client builds its own again, slower but the same
+        return
+    make = default.create_ssl_context
+    shared = functools.cache(lambda trust_env: make(verify=True, cert=None, trust_env=trust_env))
+
+    def create_ssl_context(verify: Any = True, cert: Any = None, trust_env: bool = True) -> Any:
+        if verify is True and cert is None:
+            return shared(trust_env)
+        return make(verify=verify, cert=cert, trust_env=trust_env)
+
+    default.create_ssl_context = create_ssl_context
+
+
+_share_the_default_ssl_context()
+
 # `make test` runs the suite on two pytest-xdist workers (-n 2 --dist loadgroup). A module is one
 # group, so that its server fixture starts once; the modules that share the converted NPU graphs
 # (tests/npu_models.converted and converted_parts, about 7 s each) are one group; and the slowest
