@@ -84,13 +84,17 @@ SHARED_GROUPS = dict.fromkeys(
 )
 SLOWEST_FIRST = (
     "npu",
-    "test_soak",
-    "test_agent_clis",
-    "test_npu_chat",
     "test_lifecycle",
-    "test_speculative",
-    "test_prompt_cache",
+    "test_agent_clis",
     "test_fuzz",
+    "test_speculative",
+    "test_npu_chat",
+    "test_prompt_cache",
+    "test_soak",
+    "test_mcp",
+    "test_ollama",
+    "test_gpu",
+    "test_disk_cache",
 )
 
 
