@@ -101,7 +101,8 @@ def stop_on_signals() -> None:
     These commands run in the foreground: a signal sent to one is meant for it."""
     signal.signal(signal.SIGINT, signal.default_int_handler)
     signal.signal(signal.SIGTERM, _stop)
-    signal.signal(signal.SIGHUP, _stop)
+    if hasattr(signal, "SIGHUP"):  # not on Windows
+        signal.signal(signal.SIGHUP, _stop)
 
 
 def _guarded(command: Command) -> Command:
