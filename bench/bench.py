@@ -369,7 +369,7 @@ def import_times(reps: int) -> dict[str, Any]:
     code = "import time; t=time.perf_counter(); import {m}; print(time.perf_counter()-t)"
     sets = {
         "python_bare": None,
-        "gateway": "gateway.cli, gateway.api.app, uvicorn, protocol.logs",
+        "gateway": "gateway.cli, gateway.app, uvicorn, protocol.logs",
         "worker": "workers.server, workers.engines.llama.engine, protocol.logs",
     }
     out: dict[str, Any] = {}

@@ -7,7 +7,7 @@ whole SmolLM2 vocabulary; 42 rows is the most MAX_LOGIT_VALUES allows). Side by 
 
 - `one call`: the answer built as one list of rows and encoded in one call, as the gateway did
   before: the event loop (every other stream, /health) waits for all of it.
-- `row by row`: gateway/api/logits.py answer_json, run in a thread; the loop can only be held for
+- `row by row`: gateway/dialects/openai/logits.py answer_json, run in a thread; the loop can only be held for
   one row's conversion at a time (the GIL changes hands between rows), so its stall is the
   longest single row. Reported: the total, and that longest row.
 """
@@ -26,8 +26,8 @@ if str(REPO) not in sys.path:
 
 import numpy as np
 
-from gateway.api.encoding import encode
-from gateway.api.logits import answer_json, rows_of
+from gateway.dialects.openai.logits import answer_json, rows_of
+from gateway.http.encoding import encode
 from protocol.logits import LogitsResponse
 from protocol.wire import LogitRows
 

@@ -44,7 +44,7 @@ Four ways, in an order that rotates every run, after one untimed warm-up turn of
   clip (the 24 kHz WAV of what push-to-talk commits), a streamed `/v1/chat/completions` of the
   same messages (the instructions as the system turn, the transcript as the user's) with the same
   `max_completion_tokens`, cut into sentences as the session cuts them
-  (gateway/realtime/sentences.py), and each sentence, as soon as it is complete, spoken by
+  (gateway/dialects/realtime/sentences.py), and each sentence, as soon as it is complete, spoken by
   `POST /v1/audio/speech` (`stream_format: sse`, one request after the other); its stages are
   the transcription request, the chat request to its first token, and the first token to the
   first audio delta of the first sentence.
@@ -113,7 +113,7 @@ import psutil
 from bench.contention import Hogs
 from bench.launcher import Server
 from bench.stats import pct
-from gateway.realtime.sentences import Sentences
+from gateway.dialects.realtime.sentences import Sentences
 from tests.speech import WHISPER_MODEL, wav_bytes
 
 MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct:Q4_1"  # tests/conftest.py's MODEL

@@ -7,7 +7,7 @@ The path of one token from the worker to the HTTP body, piece by piece:
   worker:  Delta(req_id, text, n_tokens) -> msgpack (protocol.wire worker codec) -> PUSH
   ipc:     ZeroMQ PUSH -> PULL over an ipc:// socket (two ZeroMQ I/O-thread hops)
   gateway: PULL -> typed msgpack decode (gateway codec) -> the request's asyncio.Queue
-           -> build + JSON-encode one ChatCompletionChunk (gateway/api/relay.py's `_chunk`)
+           -> build + JSON-encode one ChatCompletionChunk (gateway/http/relay.py's `_chunk`)
 
 Measured four ways:
   parts       each CPU step alone, in a tight loop (ns per call, median of batches)
@@ -51,15 +51,15 @@ PIECES = [" the", " dragon", ",", " who", " learned", " to", " code", " in", " P
 
 
 def chunk_builder():  # type: ignore[no-untyped-def]
-    """gateway.api.relay's own chunk function when importable; else the same construction here."""
+    """gateway.http.relay's own chunk function when importable; else the same construction here."""
     try:
-        from gateway.api.relay import Completion, _chunk
+        from gateway.http.relay import Completion, _chunk
         from gateway.ops.accounting import Accounting
         from gateway.ops.metrics import Metrics
 
         model = "HuggingFaceTB/SmolLM2-135M-Instruct:Q4_1"
         c = Completion(model, Accounting(Metrics(process=False).timer(model)))
-        return (lambda text: _chunk(c, 0, ChunkDelta(content=text))), "gateway.api.relay._chunk"
+        return (lambda text: _chunk(c, 0, ChunkDelta(content=text))), "gateway.http.relay._chunk"
     except Exception:  # the relay is being edited by others; measure the documented shape
         import msgspec
 
@@ -74,7 +74,7 @@ def chunk_builder():  # type: ignore[no-untyped-def]
             return enc(ChatCompletionChunk(id=cid, object="chat.completion.chunk", created=created, model=model,
                                            choices=[ChunkChoice(index=0, delta=ChunkDelta(content=text))]))  # fmt: skip
 
-        return build, "local copy of gateway.api.relay._chunk"
+        return build, "local copy of gateway.http.relay._chunk"
 
 
 def per_call_ns(fn, n: int, batches: int = 7) -> float:  # type: ignore[no-untyped-def]

@@ -170,9 +170,9 @@ def _serve(args: argparse.Namespace) -> int:
     import structlog
     import uvicorn
 
-    from gateway.api.app import create_app
-    from gateway.api.lifecycle import Lifecycle
-    from gateway.api.ollama_root import OllamaRoot
+    from gateway.app import create_app
+    from gateway.dialects.ollama.root import OllamaRoot
+    from gateway.http.lifecycle import Lifecycle
     from gateway.mcp.config import McpConfigError
     from gateway.models.models_file import ModelsFile, ModelsFileError
     from gateway.models.store import ModelStore
@@ -243,7 +243,7 @@ def _draining_server_class():  # type: ignore[no-untyped-def]
 
     class DrainingServer(uvicorn.Server):
         """On SIGTERM/SIGINT the server keeps listening while requests are in flight (up to
-        --drain-timeout-s): /ready answers 503 and new work is refused (gateway/api/lifecycle.py), so a
+        --drain-timeout-s): /ready answers 503 and new work is refused (gateway/http/lifecycle.py), so a
         load balancer sees the drain. Then uvicorn stops accepting and the app's lifespan stops
         the workers. A second signal stops at once."""
 

@@ -1,6 +1,6 @@
 """`/v1/messages`: the Anthropic Messages API's request, response, stream events and errors.
 
-Only the wire shapes live here; `gateway/chat/anthropic.py` translates them to and from the
+Only the wire shapes live here; `gateway/dialects/anthropic/translate.py` translates them to and from the
 chat plan, so there is one decode path. Unknown fields are ignored (clients send `cache_control`,
 `citations`, `service_tier` and more); known ones are validated, so a bad value is a 400 naming
 the field. Blocks and choices are tagged by their `type`, as Anthropic spells them: an unknown

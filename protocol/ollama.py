@@ -1,9 +1,9 @@
 """Ollama's native API (`/api/*`): its requests and answers, as its clients send and read them.
 
-Only the wire shapes live here; `gateway/chat/ollama.py` translates chat and generate requests to
+Only the wire shapes live here; `gateway/dialects/ollama/translate.py` translates chat and generate requests to
 the one chat plan. Unknown fields are ignored (clients send `template`, `context`, `raw` …), known
 ones are typed, so a bad value is a 400 naming the field. `options` is kept as a mapping and read
-option by option (gateway/chat/ollama_options.py), because its names are Ollama's, not ours.
+option by option (gateway/dialects/ollama/options.py), because its names are Ollama's, not ours.
 Durations are nanoseconds and times RFC 3339, as Ollama writes them.
 """
 

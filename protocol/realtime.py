@@ -4,7 +4,7 @@ and parses), as msgspec structs.
 Client events are read leniently where OpenAI's clients send fields this server has no use for
 (`tracing`, `include`): unknown fields are ignored, never an error. What this server serves in
 its own way (`semantic_vad`, `noise_reduction`) is named in the session's `substitutions`; what it
-cannot do as asked is an `error` event naming the field (gateway/realtime/config.py).
+cannot do as asked is an `error` event naming the field (gateway/dialects/realtime/config.py).
 Server events carry an `event_id` each; items and responses carry `object`, as OpenAI's do.
 """
 

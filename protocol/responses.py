@@ -1,13 +1,13 @@
 """`/v1/responses`: the OpenAI Responses API's request, input items, response, stream events.
 
-Only the wire shapes live here; `gateway/chat/responses.py` translates them to and from the chat
+Only the wire shapes live here; `gateway/dialects/responses/translate.py` translates them to and from the chat
 plan, so there is one decode path. Unknown fields are ignored (clients send `include`,
 `service_tier`, `client_metadata` and more); known ones are validated, so a bad
 value is a 400 naming the field. Items, parts and formats are tagged by their `type`, as OpenAI
 spells them.
 
 Input items are decoded in two steps: the request holds them as JSON objects, and
-`gateway/chat/responses.py` converts each into `InputItem`. A message item may leave its `type`
+`gateway/dialects/responses/translate.py` converts each into `InputItem`. A message item may leave its `type`
 out (OpenAI's "easy input message", which the Agents SDK sends), and a tagged union needs its tag.
 """
 
@@ -145,7 +145,7 @@ McpApproval = Literal["always", "never"] | McpApprovalFilter
 
 
 class McpFields(msgspec.Struct, kw_only=True):
-    """An `mcp` tool's own fields (gateway/chat/responses_mcp.py reads them): which configured
+    """An `mcp` tool's own fields (gateway/dialects/responses/mcp.py reads them): which configured
     server (`server_label`), which of its tools, which calls wait for the client's approval
     (OpenAI's default: all), and request headers where the operator lets requests set them. A
     `server_url`, `connector_id` or `authorization` that is not the operator's is refused."""
@@ -164,7 +164,7 @@ class RequestTool(McpFields, kw_only=True):
     """A tool as the Responses API spells it: a flat function tool `{type: "function", name,
     description, parameters, strict}`, a `namespace` of function tools `{type: "namespace", name,
     description, tools}`, or one of OpenAI's hosted tools (`web_search`, `file_search`, ...), which
-    is not offered to the model (gateway/chat/responses.py). `type` is a plain string so that a
+    is not offered to the model (gateway/dialects/responses/translate.py). `type` is a plain string so that a
     hosted tool, known or not, reaches that rule rather than a decoding error; a hosted tool's own
     fields are not read, but for `mcp`'s (McpFields), which this server runs."""
 
@@ -176,7 +176,7 @@ class RequestTool(McpFields, kw_only=True):
     tools: Annotated[list[NamespaceMember], Meta(max_length=MAX_TOOLS)] | None = None  # a namespace's
 
 
-# `tool_choice` is read in gateway/chat/responses.py: the modes, `{type: "function", name}`,
+# `tool_choice` is read in gateway/dialects/responses/translate.py: the modes, `{type: "function", name}`,
 # `{type: "allowed_tools", mode, tools}`, and a hosted tool's `{type: ...}` (a 400 naming it).
 ToolChoice = Literal["auto", "none", "required"] | dict[str, Any]
 

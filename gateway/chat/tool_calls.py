@@ -34,6 +34,7 @@ import re
 import string
 from collections.abc import Collection
 from dataclasses import dataclass
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -695,3 +696,14 @@ def parse_tool_calls(text: str, tool_names: Collection[str] | None = None) -> tu
     stream = ToolCallStream(tool_names)
     events = stream.feed(text) + stream.finish()
     return "".join(e.text for e in events if isinstance(e, ContentDelta)), stream.calls
+
+
+def arguments_object(arguments: str) -> dict[str, Any]:
+    """A call's arguments as the object the Anthropic and Ollama dialects send (`input`,
+    `arguments`). Output cut short (max_tokens) or a model that wrote a non-object gives an empty
+    object: both fields must be one."""
+    try:
+        value = json.loads(arguments)
+    except ValueError:
+        return {}
+    return value if isinstance(value, dict) else {}

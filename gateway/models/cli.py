@@ -15,6 +15,7 @@ from typing import Any
 import msgspec
 
 from gateway.errors import BadRequest, GenieXError
+from gateway.models.sizes import human_size
 from gateway.models.store import ModelEntry, ModelStore
 from gateway.ops.settings import add_data_dir, default_data_dir
 from protocol.npu_bundle import BUNDLE_FILE
@@ -198,13 +199,3 @@ def _rm(args: argparse.Namespace) -> int:
     for entry in removed:
         print(f"removed {entry.id}")
     return 0
-
-
-def human_size(n: int) -> str:
-    """Decimal units, as disk sizes and the hub show them: 98362432 -> '98.4 MB'."""
-    value = float(n)
-    for unit in ("B", "kB", "MB", "GB"):
-        if value < 1000:
-            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
-        value /= 1000
-    return f"{value:.1f} TB"

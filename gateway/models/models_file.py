@@ -268,7 +268,7 @@ class ModelsFile:
     def preloads(self) -> list[str]:
         return [m for m, s in self.config.tables.items() if s.preload and not s.disabled]
 
-    # The four methods of gateway/api/model_facts.py's ModelFacts, which /v1/models reads.
+    # The four methods of gateway/http/model_facts.py's ModelFacts, which /v1/models reads.
 
     def aliases(self, model_id: str) -> list[str]:
         """Other names requests may use for the model."""

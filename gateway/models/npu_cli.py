@@ -18,7 +18,7 @@ from pathlib import Path
 import msgspec
 
 from gateway.errors import BadRequest, GenieXError
-from gateway.models.cli import human_size
+from gateway.models.sizes import human_size
 from gateway.models.store import ModelEntry, ModelStore
 from gateway.ops.settings import add_data_dir, default_data_dir
 from protocol import npu_plan

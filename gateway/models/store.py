@@ -30,7 +30,7 @@ import time
 import uuid
 from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import msgspec
 import structlog
@@ -46,10 +46,21 @@ from protocol.upstream import UpstreamError, UpstreamSpec
 from protocol.upstream import encode as encode_upstream
 from protocol.upstream import validate as validate_upstream
 
-if TYPE_CHECKING:
-    from gateway.models.models_file import ModelsFile
-
 log = structlog.get_logger("gateway.store")
+
+
+class NameRules(Protocol):
+    """What resolving a name asks of the models file (gateway/models/models_file.py's ModelsFile),
+    named here so that the store, below the file, does not import it."""
+
+    def target(self, name: str) -> str:
+        """The model id an alias names, else `name` as given."""
+        ...
+
+    def check_enabled(self, model_id: str, asked: str) -> None:
+        """Raise ModelNotFound where the file disables the model."""
+        ...
+
 
 DEFAULT_MODEL_ID = "HuggingFaceTB/SmolLM2-135M-Instruct:Q4_1"
 OCR_MODEL_ID = "RapidAI/RapidOCR:fp32"
@@ -294,7 +305,7 @@ class ModelStore:
         self.models_dir = self.data_dir / "models"
         self.bundled = bundled_models() if bundled is None else list(bundled)
         # `--models-file`: aliases and disabled models, consulted by resolve (set by the server)
-        self.models_file: ModelsFile | None = None
+        self.models_file: NameRules | None = None
         self.copies = Copies(self.data_dir / "aliases.json")  # names given at run time (Ollama's /api/copy)
 
     # ----------------------------------------------------------------- reading

@@ -161,7 +161,7 @@ class Ledger:
         return conn
 
     def recorder(self, model: str, caller: str, user: str | None) -> Callable[[int, int], None]:
-        """`record` for one request: its model, its caller's label (gateway/api/auth.caller_of), and
+        """`record` for one request: its model, its caller's label (gateway/http/auth.caller_of), and
         its `user`; takes (prompt_tokens, completion_tokens)."""
         return partial(self.record, model, caller, user or "")
 

@@ -1,5 +1,5 @@
 """Per-key limits: requests per minute, tokens per minute and concurrent requests (and a key's own
-request deadline, `timeout`, which gateway/api/deadline.py applies).
+request deadline, `timeout`, which gateway/http/deadline.py applies).
 
 Each limit is a one-minute sliding window (or a live count, for concurrency) kept per key label,
 in memory: a restart forgives everyone, which suits a local server. Tokens are counted when a
@@ -25,7 +25,7 @@ class Limits:
     rpm: int | None = None
     tpm: int | None = None
     concurrent: int | None = None
-    timeout: int | None = None  # seconds a request of the key may take (gateway/api/deadline.py), not a rate
+    timeout: int | None = None  # seconds a request of the key may take (gateway/http/deadline.py), not a rate
 
     @property
     def any(self) -> bool:

@@ -1,5 +1,5 @@
 """A request's deadline (`--request-timeout-s`, a key's `timeout=`): set once per request by
-gateway/api/deadline.py, read wherever the request waits (for its worker to load, in the worker's
+gateway/http/deadline.py, read wherever the request waits (for its worker to load, in the worker's
 queue, for each message of its answer). Past it the wait raises DeadlineExceeded, a GenieXError:
 a 504 before the first byte, the route's own error event in a stream, and the request cancelled
 on its worker by the path every early exit takes.

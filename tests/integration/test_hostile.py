@@ -240,7 +240,7 @@ def test_values_of_the_wrong_type_are_400s_not_coerced(
     server: ServerProcess, path: str, body: dict, field: str
 ) -> None:  # type: ignore[type-arg]
     """Found by fuzzing: Litestar converts a `data` body leniently, so each of these was served as
-    if its value had the declared type; bodies are now decoded strictly (gateway/api/body.py)."""
+    if its value had the declared type; bodies are now decoded strictly (gateway/http/body.py)."""
     r = httpx.post(f"{server.base_url}{path}", json={"model": MODEL, **body}, timeout=60)
     assert r.status_code == 400 and f"`{field}`: Expected" in r.json()["error"], r.text
 

@@ -205,7 +205,7 @@ def test_structured_output_follows_its_schema(claude: anthropic.Anthropic) -> No
 
 def test_thinking_runs_the_reasoning_split_and_the_stream_still_adds_up(claude: anthropic.Anthropic) -> None:
     """SmolLM2 never thinks, so this proves the path (split on, shaped piece by piece), not the blocks:
-    gateway/chat/anthropic.py's unit tests show reasoning becoming thinking blocks."""
+    gateway/dialects/anthropic/translate.py's unit tests show reasoning becoming thinking blocks."""
     kw: dict[str, Any] = {"messages": ASK, "thinking": {"type": "enabled", "budget_tokens": 1024}, **GREEDY}
     m = claude.messages.create(model=MODEL, **kw)
     _, final = streamed(claude, **kw)

@@ -10,8 +10,10 @@ from typing import Any
 import msgspec
 import pytest
 
-from gateway.api.error_body import anthropic_error, error_body, speaks_anthropic
-from gateway.chat.anthropic import (
+from gateway.chat.convert import Shape
+from gateway.chat.shape import ChoiceShaper
+from gateway.chat.tool_calls import arguments_object as tool_input
+from gateway.dialects.anthropic.translate import (
     BlockStream,
     blocks_of,
     chat_request,
@@ -19,11 +21,9 @@ from gateway.chat.anthropic import (
     message_of,
     not_offered,
     stop_reason,
-    tool_input,
 )
-from gateway.chat.convert import Shape
-from gateway.chat.shape import ChoiceShaper
 from gateway.errors import BadRequest
+from gateway.http.error_body import anthropic_error, error_body, speaks_anthropic
 from protocol import anthropic as a
 from protocol import chat
 from protocol.limits import MAX_STOP
@@ -226,8 +226,8 @@ class _Books:
 
 
 async def _sse(items: list[object], fail: Exception | None = None) -> tuple[list[tuple[str, dict[str, Any]]], _Books]:
-    from gateway.api.anthropic_stream import sse
-    from gateway.api.relay import Completion
+    from gateway.dialects.anthropic.stream import sse
+    from gateway.http.relay import Completion
 
     async def rest() -> Any:
         for item in items[1:]:

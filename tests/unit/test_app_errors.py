@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from litestar.testing import TestClient
 
-from gateway.api.app import create_app
+from gateway.app import create_app
 from gateway.models.store import ModelStore
 from gateway.ops.settings import Settings
 

@@ -100,7 +100,7 @@ def test_each_compute_value_gets_its_device(monkeypatch: pytest.MonkeyPatch) -> 
 
 def test_the_gateway_imports_no_engine() -> None:
     code = (
-        "import sys, gateway.api.app, gateway.supervisor.pool\n"
+        "import sys, gateway.app, gateway.supervisor.pool\n"
         "from gateway.supervisor.compute import resolve_compute\n"
         "for engine in ('llama_cpp', 'llama_embed', 'onnx'):\n"
         "    resolve_compute('gpu', engine)\n"  # once, this asked llama.cpp itself

@@ -7,8 +7,9 @@ import math
 import numpy as np
 import pytest
 
-from gateway.api.embeddings import normalize_scores, split_input, vectors
+from gateway.dialects.openai.embeddings import normalize_scores
 from gateway.errors import BadRequest
+from gateway.http.vectors import split_input, vectors
 from protocol.wire import (
     Done,
     Embed,

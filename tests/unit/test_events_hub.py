@@ -86,7 +86,7 @@ def test_the_route_sends_the_snapshot_then_keep_alives_and_changes_and_ends_on_a
 ) -> None:
     from litestar.response.sse import ServerSentEventMessage
 
-    from gateway.api import events as route
+    from gateway.dialects.geniex import events as route
 
     monkeypatch.setattr(route, "KEEPALIVE_S", 0.02)
 

@@ -10,9 +10,9 @@ import pytest
 from litestar import Litestar, Request, post
 from litestar.testing import TestClient
 
-from gateway.api.app import _on_genie_error
-from gateway.api.auth import ApiKeyAuth, require_manage
+from gateway.app import _on_genie_error
 from gateway.errors import GenieXError
+from gateway.http.auth import ApiKeyAuth, require_manage
 from gateway.ops.keys import KeyFileError, KeyRing, parse_key_file, parse_key_lines
 from gateway.ops.limits import KeyLimiter, Limits
 

@@ -15,10 +15,10 @@ import pytest
 from mcp import types
 from openai.types.responses import Response, ResponseStreamEvent
 
-from gateway.api.responses_run import approvals
-from gateway.chat.responses import answer_messages, chat_request
-from gateway.chat.responses_events import OutputStream
-from gateway.chat.responses_mcp import McpUse, mcp_uses, needs_approval, offered
+from gateway.dialects.responses.events import OutputStream
+from gateway.dialects.responses.mcp import McpUse, mcp_uses, needs_approval, offered
+from gateway.dialects.responses.run import approvals
+from gateway.dialects.responses.translate import answer_messages, chat_request
 from gateway.errors import BadRequest, Forbidden
 from gateway.mcp.config import McpConfigError, ServerConfig, load
 from gateway.mcp.hub import MAX_DESCRIPTION, McpTool, _tool

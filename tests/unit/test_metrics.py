@@ -12,10 +12,10 @@ import psutil
 import pytest
 from prometheus_client import generate_latest
 
-from gateway.api.relay import Completion, collect, merged, sse
 from gateway.chat.convert import Shape
 from gateway.chat.shape import ChoiceShaper
 from gateway.errors import ClientGone, WorkerDied
+from gateway.http.relay import Completion, collect, merged, sse
 from gateway.ops import metrics as metrics_mod
 from gateway.ops.accounting import Accounting, outcome_of
 from gateway.ops.metrics import Metrics

@@ -9,11 +9,11 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from gateway.api.ollama_chat import OllamaLines, chat_line, generate_line
 from gateway.chat.convert import Shape
-from gateway.chat.ollama import Clock, chat_request, generate_request, messages_of, raw_request
-from gateway.chat.ollama_options import chat_fields, keep_alive_s
 from gateway.chat.shape import ChoiceShaper
+from gateway.dialects.ollama.chat import OllamaLines, chat_line, generate_line
+from gateway.dialects.ollama.options import chat_fields, keep_alive_s
+from gateway.dialects.ollama.translate import Clock, chat_request, generate_request, messages_of, raw_request
 from gateway.errors import BadRequest
 from gateway.models.copies import Copies, check_name
 from gateway.models.ollama_names import pick, plain_name, short_matches

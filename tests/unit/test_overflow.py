@@ -10,8 +10,8 @@ import msgspec
 import pytest
 from litestar.exceptions import ValidationException
 
-from gateway.api.body import read_json
 from gateway.chat.convert import prompt_chars
+from gateway.http.body import read_json
 from protocol import overflow
 from protocol.chat import ChatMessage, ChatRequest
 from protocol.overflow import budget, fit, groups, kept, least_k

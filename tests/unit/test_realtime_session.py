@@ -6,10 +6,10 @@ import asyncio
 from types import SimpleNamespace
 from typing import Any, cast
 
-from gateway.realtime.config import SessionSettings
-from gateway.realtime.sentences import LONG_CHARS, Sentences
-from gateway.realtime.session import RealtimeSession
-from gateway.realtime.turns import MIN_SPEECH_MS, Turn, TurnTaker
+from gateway.dialects.realtime.config import SessionSettings
+from gateway.dialects.realtime.sentences import LONG_CHARS, Sentences
+from gateway.dialects.realtime.session import RealtimeSession
+from gateway.dialects.realtime.turns import MIN_SPEECH_MS, Turn, TurnTaker
 from protocol.wire import VAD_WINDOW_MS
 
 W = VAD_WINDOW_MS

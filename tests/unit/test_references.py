@@ -27,7 +27,7 @@ def _exists(ref: str) -> bool:
     path = REPO / ref
     if path.exists() or path.with_name(path.name + ".py").exists():
         return True
-    module, _, _attr = ref.rpartition(".")  # gateway/api/auth.caller_of
+    module, _, _attr = ref.rpartition(".")  # gateway/http/auth.caller_of
     return bool(module) and (REPO / (module + ".py")).exists()
 
 

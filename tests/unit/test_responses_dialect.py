@@ -11,8 +11,9 @@ import pydantic
 import pytest
 from openai.types.responses import Response, ResponseStreamEvent
 
-from gateway.chat.response_store import ResponseStore
-from gateway.chat.responses import (
+from gateway.dialects.responses.events import OutputStream
+from gateway.dialects.responses.store import ResponseStore
+from gateway.dialects.responses.translate import (
     answer_messages,
     chat_messages,
     chat_request,
@@ -21,7 +22,6 @@ from gateway.chat.responses import (
     skeleton,
     wants_summary,
 )
-from gateway.chat.responses_events import OutputStream
 from gateway.errors import BadRequest
 from protocol import chat
 from protocol import responses as r

@@ -1,4 +1,4 @@
-"""The streamed routes' billing rule (gateway/api/stream_billing.py): counted once, before the
+"""The streamed routes' billing rule (gateway/http/stream_billing.py): counted once, before the
 final bytes go out, and once however the stream stops."""
 
 from __future__ import annotations
@@ -9,12 +9,12 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from gateway.api.relay import Completion, sse
-from gateway.api.speech import Tally, events
-from gateway.api.stream_billing import FINAL, Stream, billed
 from gateway.chat.convert import Shape
 from gateway.chat.shape import ChoiceShaper
+from gateway.dialects.openai.speech import Tally, events
 from gateway.errors import WorkerDied
+from gateway.http.relay import Completion, sse
+from gateway.http.stream_billing import FINAL, Stream, billed
 from protocol.wire import Audio, Delta, Done
 
 Log = list[object]

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from gateway.api.lifecycle import Lifecycle
+from gateway.http.lifecycle import Lifecycle
 from gateway.ops.systemd import Systemd, watchdog_interval
 from workers.__main__ import _offer_to_oom_killer
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import itertools
 import re
 
-from gateway.api.transcript_formats import as_json, as_verbose, cues, srt, text_of, timestamp, vtt
+from gateway.dialects.openai.transcript_formats import as_json, as_verbose, cues, srt, text_of, timestamp, vtt
 from protocol.wire import Transcript, TranscriptSegment, TranscriptWord
 
 

@@ -16,8 +16,8 @@ import yaml
 from litestar.testing import TestClient
 
 from gateway import cli
-from gateway.api.app import create_app
-from gateway.api.openapi import EXT, SPEC_FIELDS, document
+from gateway.app import create_app
+from gateway.dialects.geniex.openapi import EXT, SPEC_FIELDS, document
 from gateway.ops.settings import Settings
 from gateway.web import routes
 from tests.fuzz.spec import EARLIER, spec_dir
