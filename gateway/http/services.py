@@ -79,6 +79,10 @@ class Services:
         if name and name.lower() in (a.lower() for a in self.models_file.aliases(entry.id)):
             # Billed under the model's id; the request's log lines (its summary line too) keep the alias.
             structlog.contextvars.bind_contextvars(model_alias=name)
+        return self.able(entry, capability)
+
+    def able(self, entry: ModelEntry, capability: str) -> ModelEntry:
+        """`entry`, or a 400 naming the models that can serve `capability` when it cannot."""
         if capability not in capabilities_of(worker_engine(entry), entry.path):
             entries = self.store.entries()
             able = serving({e.id: worker_engine(e) for e in entries}, capability, {e.id: e.path for e in entries})

@@ -20,7 +20,7 @@ from litestar.response import Stream
 from gateway.chat.convert import Shape, cache_key, plan_chat, prompt_chars, sampling_of, stop_list
 from gateway.chat.shape import ChoiceShaper
 from gateway.dialects.ollama.options import keep_alive_s
-from gateway.dialects.ollama.resolve import entry_for, fitted_nctx
+from gateway.dialects.ollama.resolve import entry_for, fitted
 from gateway.dialects.ollama.translate import (
     TOOL_CHOICE_HEADER,
     Clock,
@@ -176,7 +176,7 @@ async def ollama_chat(request: Request, body: RawBody, services: NamedDependency
     if not data.messages:
         return await _load_or_unload(services, entry, keep_alive, make, clock)
     req = services.with_defaults(chat_request(data, keep_alive, request.headers.get(TOOL_CHOICE_HEADER)), entry)
-    req = msgspec.structs.replace(req, nctx=fitted_nctx(services, entry, req.nctx))
+    req = fitted(services, entry, req)
     images = await services.images(req.messages, entry)
     plan = plan_chat(req, current_request_id() or "", services.store, services.settings.grammar_dirs,
                      keep_cache=header_true(request, KEEP_CACHE_HEADER), tenant=tenant_of(request), images=images,
@@ -202,14 +202,14 @@ async def ollama_generate(request: Request, body: RawBody,
     tenant = tenant_of(request)
     if raw:
         req = services.with_defaults(raw_request(data), entry)
-        req = msgspec.structs.replace(req, nctx=fitted_nctx(services, entry, req.nctx))
+        req = fitted(services, entry, req)
         generations = [Generate(req_id=0, log_id=current_request_id() or "", prompt=data.prompt or "",
                                 suffix=data.suffix or None, max_tokens=req.max_tokens, stop=stop_list(req.stop),
                                 sampling=sampling_of(req), cache_key=cache_key(req, tenant))]  # fmt: skip
         shape, chars = Shape(), len(data.prompt or "") + len(data.suffix or "")
     else:
         req = services.with_defaults(generate_request(data, keep_alive), entry)
-        req = msgspec.structs.replace(req, nctx=fitted_nctx(services, entry, req.nctx))
+        req = fitted(services, entry, req)
         images = await services.images(req.messages, entry)
         plan = plan_chat(req, current_request_id() or "", services.store, services.settings.grammar_dirs,
                          tenant=tenant, images=images, truncation=services.settings.truncation)  # fmt: skip

@@ -4,6 +4,7 @@ context an Ollama request's `num_ctx` may have of it."""
 
 from __future__ import annotations
 
+import msgspec
 import structlog
 
 from gateway.errors import BadRequest, ModelNotFound
@@ -11,6 +12,7 @@ from gateway.http.services import Services
 from gateway.models.ollama_names import pick, plain_name, short_matches
 from gateway.models.store import ModelEntry
 from gateway.supervisor.memory import trained_context
+from protocol.chat import ChatRequest
 
 log = structlog.get_logger("gateway.ollama")
 
@@ -24,15 +26,16 @@ def resolve(services: Services, name: str) -> ModelEntry:
     """The model `name` means on Ollama's routes: the name, then without `:latest` or `hf.co/`,
     then as a short name."""
     check_name(name)
+    store = services.store
     for tried in dict.fromkeys((name, plain_name(name))):
         try:
-            return services.store.resolve(tried)
+            return store.resolve(tried)
         except ModelNotFound as exc:
             if exc.code == "model_disabled":
                 raise
-    found = pick(short_matches(services.store.entries(), name), name)
+    found = pick(short_matches(store.entries(), name), name)
     if isinstance(found, ModelEntry):
-        return services.store.resolve(found.id)  # the models file may disable it
+        return store.resolve(found.id)  # the models file may disable it
     hint = f": {found}" if found else "; `GET /api/tags` lists the models here"
     raise ModelNotFound(f'model "{name[:200]}" not found{hint}')
 
@@ -40,7 +43,7 @@ def resolve(services: Services, name: str) -> ModelEntry:
 def entry_for(services: Services, name: str, capability: str) -> ModelEntry:
     """As Services.model_for, with Ollama's names: the entry, refused with a 400 when it cannot serve `capability`.
     A name other than the id stays in the request's log lines (billed under the id)."""
-    entry = services.model_for(resolve(services, name).id, capability)
+    entry = services.able(resolve(services, name), capability)
     if name != entry.id:
         structlog.contextvars.bind_contextvars(model_alias=name)
     return entry
@@ -50,9 +53,17 @@ def fitted_nctx(services: Services, entry: ModelEntry, nctx: int | None) -> int 
     """`options.num_ctx` as it can be served: past the model's trained context (or the operator's
     --max-nctx) it is lowered to that, as Ollama lowers it (with a warning), where `nctx` on the
     OpenAI routes is a 400. Cline asks every model for 32768."""
+    if nctx is None:
+        return None
     limit = services.settings.max_nctx or trained_context(entry.path)
-    if nctx is None or limit is None or nctx <= limit:
+    if limit is None or nctx <= limit:
         return nctx
     log.info("Ollama num_ctx lowered to what the model may be given", num_ctx=nctx, nctx=limit,
              why="--max-nctx" if services.settings.max_nctx else "its trained context")  # fmt: skip
     return limit
+
+
+def fitted(services: Services, entry: ModelEntry, req: ChatRequest) -> ChatRequest:
+    """`req` with its `nctx` (from `options.num_ctx`) as fitted_nctx serves it."""
+    nctx = fitted_nctx(services, entry, req.nctx)
+    return req if nctx == req.nctx else msgspec.structs.replace(req, nctx=nctx)
