@@ -296,7 +296,7 @@ async def test_event_lines_are_split_across_reads_and_bounded() -> None:
 
 def test_queued_deltas_of_one_request_go_as_one() -> None:
     from protocol.wire import Started, TokenLogprob
-    from workers.engines.upstream import coalesce
+    from workers.engines.thread_replies import coalesce
 
     lp = LogprobDelta(1, "c", 3, [TokenLogprob(b"c", -0.1)])
     msgs = [Started(1, 0), Delta(1, "a", 1), Delta(1, "b", 2), Delta(2, "x", 1), Delta(1, "c", 3), lp,

@@ -39,7 +39,6 @@ from protocol.wire import (
     Done,
     ErrorKind,
     Failed,
-    FromWorker,
     Generate,
     Ready,
     Started,
@@ -54,11 +53,10 @@ from workers.engines.genie_api import (
 )
 from workers.engines.llama.chat_template import ChatTemplate, TemplateError
 from workers.engines.llama.text_stream import TextStream
-from workers.engines.upstream import coalesce
+from workers.engines.thread_replies import ThreadReplies
 
 log = structlog.get_logger("worker.qairt")
 
-STEP_WAIT_S = 0.005  # how long `step` waits for a reply: the worker then checks for Cancels and new requests
 MAX_TEMPLATE_BYTES = 16 << 20  # tokenizer_config.json: its added tokens can make it large, never this large
 # A bundle without a chat template: turns as "Role: text", the model's answer after "Assistant:",
 # and a new turn of the user's ending it.
@@ -140,8 +138,9 @@ class QairtEngine:
             log.error("the Genie bundle cannot run here", reason=self.unavailable, bundle=str(self.folder))
         self.load_seconds = time.perf_counter() - t0
         self._jobs: queue.SimpleQueue[Job | None] = queue.SimpleQueue()
-        self._replies: queue.SimpleQueue[FromWorker] = queue.SimpleQueue()
-        self._active: dict[int, Job | None] = {}  # unfinished requests as the worker's thread sees them
+        # Each unfinished request's job (None: a token count, answered at once)
+        self._replies: ThreadReplies[Job | None] = ThreadReplies()
+        self._active = self._replies.active
         self._lock = threading.Lock()  # guards `_current`: an abort never reaches the query after it
         self._current: Job | None = None
         self._dirty = False  # the dialog holds a conversation
@@ -205,26 +204,10 @@ class QairtEngine:
         emit(Done(req_id, "cancelled", prompt_tokens=job.prompt_tokens, completion_tokens=job.n_gen))
 
     def has_work(self) -> bool:
-        return bool(self._active) or not self._replies.empty()
+        return self._replies.pending()
 
     def step(self, emit: Emit) -> None:
-        waiting = any(j is not None for j in self._active.values())
-        try:
-            first = self._replies.get(timeout=STEP_WAIT_S if waiting else 0)
-        except queue.Empty:
-            return
-        msgs = [first]
-        while True:
-            try:
-                msgs.append(self._replies.get_nowait())
-            except queue.Empty:
-                break
-        for msg in coalesce(msgs):
-            rid = getattr(msg, "req_id", None)
-            if rid in self._active:  # a cancelled request's late replies are dropped
-                emit(msg)
-                if isinstance(msg, Done | Failed | TokenCount):
-                    self._active.pop(rid, None)
+        self._replies.drain(emit, wait=any(j is not None for j in self._active.values()))
 
     def set_threads(self, n: int) -> None:
         pass  # the NPU does the work; Genie's few host threads are the bundle's `n-threads`

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import queue
 import threading
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -32,7 +31,6 @@ from protocol import upstream as spec_mod
 from protocol.upstream import UpstreamSpec, where
 from protocol.wire import (
     PROTOCOL_VERSION,
-    Delta,
     Done,
     Embed,
     Embeddings,
@@ -47,6 +45,7 @@ from protocol.wire import (
     UpstreamHealth,
 )
 from workers.engines import TASKS, Emit, EngineError, EngineOptions, Request
+from workers.engines.thread_replies import ThreadReplies
 from workers.engines.upstream_openai import (
     StreamReader,
     UpstreamFailure,
@@ -60,11 +59,9 @@ from workers.engines.upstream_openai import (
 
 log = structlog.get_logger("worker.upstream")
 
-STEP_WAIT_S = 0.005  # how long `step` waits for a reply: the worker then checks for Cancels and new requests
 MAX_ERROR_BODY = 64 << 10  # bytes of an upstream's error body read
 MAX_ANSWER_BYTES = 256 << 20  # an embeddings or rerank answer, at most
 MAX_EVENT_BYTES = 4 << 20  # one line of an upstream's event stream, at most
-_FINAL = (Done, Failed, Embeddings, Scores)
 
 
 def read_credential(spec: UpstreamSpec) -> str:
@@ -119,8 +116,7 @@ class UpstreamEngine:
             follow_redirects=False,  # a redirect would carry our credential wherever it points
             trust_env=False,  # no proxy or netrc from the environment: the descriptor says where to go
         )
-        self._replies: queue.SimpleQueue[FromWorker] = queue.SimpleQueue()
-        self._active: set[int] = set()  # requests not yet finished, as the worker's thread sees them
+        self._replies: ThreadReplies[None] = ThreadReplies()
         self._tasks: dict[int, asyncio.Task[None]] = {}  # only touched on the loop's thread
         self._loop = asyncio.new_event_loop()
         self._slots: asyncio.Semaphore | None = None
@@ -269,13 +265,13 @@ class UpstreamEngine:
             work = lambda: self._rerank(req)  # noqa: E731
         else:  # the worker checks `serves` first
             raise EngineError("not served by an upstream model", kind=ErrorKind.UNSUPPORTED)
-        self._active.add(req.req_id)
+        self._replies.active[req.req_id] = None
         self._loop.call_soon_threadsafe(self._start, req.req_id, work)
 
     def cancel(self, req_id: int, emit: Emit) -> None:
-        if req_id not in self._active:
+        if req_id not in self._replies.active:
             return
-        self._active.discard(req_id)
+        del self._replies.active[req_id]
 
         def stop() -> None:
             task = self._tasks.pop(req_id, None)
@@ -286,25 +282,10 @@ class UpstreamEngine:
         emit(Done(req_id, "cancelled"))
 
     def has_work(self) -> bool:
-        return bool(self._active) or not self._replies.empty()
+        return self._replies.pending()
 
     def step(self, emit: Emit) -> None:
-        try:
-            first = self._replies.get(timeout=STEP_WAIT_S if self._active else 0)
-        except queue.Empty:
-            return
-        msgs = [first]
-        while True:
-            try:
-                msgs.append(self._replies.get_nowait())
-            except queue.Empty:
-                break
-        for msg in coalesce(msgs):
-            rid = getattr(msg, "req_id", None)
-            if rid is None or rid in self._active:  # a cancelled request's late replies are dropped
-                emit(msg)
-                if isinstance(msg, _FINAL):
-                    self._active.discard(rid)
+        self._replies.drain(emit, wait=bool(self._replies.active))
 
     def set_threads(self, n: int) -> None:
         pass
@@ -324,20 +305,6 @@ class UpstreamEngine:
             pass
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(timeout=5)
-
-
-def coalesce(msgs: list[FromWorker]) -> list[FromWorker]:
-    """Runs of plain Deltas of one request, queued while the worker's thread was busy, as one Delta:
-    when the relay falls behind (many streams, a loaded machine) it sends fewer, larger messages,
-    and a relay that keeps up sends each piece as it comes."""
-    out: list[FromWorker] = []
-    for msg in msgs:
-        last = out[-1] if out else None
-        if type(msg) is Delta and type(last) is Delta and last.req_id == msg.req_id:
-            out[-1] = Delta(msg.req_id, last.text + msg.text, msg.n_tokens)
-        else:
-            out.append(msg)
-    return out
 
 
 async def _lines(r: httpx.Response, limit: int, where: str = "the upstream") -> AsyncIterator[bytes]:
