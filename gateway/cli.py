@@ -282,6 +282,7 @@ def _draining_server_class():  # type: ignore[no-untyped-def]
 
 
 def main(argv: list[str] | None = None) -> int:
+    from gateway.doctor.cli import add_doctor_command
     from gateway.models.cli import add_model_commands
     from gateway.models.npu_cli import add_npu_command
     from gateway.ops.usage_cli import add_usage_command
@@ -294,6 +295,7 @@ def main(argv: list[str] | None = None) -> int:
     add_model_commands(sub)
     add_npu_command(sub)
     add_usage_command(sub)
+    add_doctor_command(sub)
     args = parser.parse_args(argv)
     return int(args.func(args) or 0)
 

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import httpx
@@ -230,6 +232,18 @@ def test_unavailable_compute_falls_back_to_cpu(client: openai.OpenAI, server: Se
     r = chat(client, max_tokens=2, extra_body={"compute": "gpu"})  # this llama.cpp build has no GPU offload
     assert r.choices[0].message.content is not None
     assert "falling back to cpu" in server.log()
+    # The worker's reason points at the doctor's check of its cause, in /v1/workers and in /ready,
+    # and that check is in `geniex doctor`'s report, failed, for the same reason.
+    rows = httpx.get(f"{server.base_url}/v1/workers").json()["data"]
+    row = next(w for w in rows if w["model"] == MODEL and w["compute"] == "gpu")
+    assert (row["runs_on"], row["doctor_check"]) == ("cpu", "gpu.backends"), row
+    ready = httpx.get(f"{server.base_url}/ready").json()
+    assert {"model": MODEL, "compute": "gpu", "runs_on": "cpu", "reason": row["fallback"],
+            "doctor_check": "gpu.backends"} in ready["fallback"], ready  # fmt: skip
+    done = subprocess.run([sys.executable, "-m", "gateway.cli", "doctor", "--json", "--compute", "gpu"],
+                          capture_output=True, text=True, timeout=300, check=True)  # fmt: skip
+    check = next(c for c in json.loads(done.stdout)["checks"] if c["name"] == row["doctor_check"])
+    assert check["status"] == "fail" and "no GPU backend" in check["detail"] and "GPU=vulkan" in check["fix"], check
 
 
 def test_stream_interval_groups_tokens_without_changing_the_text(client: openai.OpenAI, tmp_path: Path) -> None:

@@ -11,7 +11,9 @@ warning: tests/integration/test_compute_fallback.py and tests/unit/test_compute.
 from __future__ import annotations
 
 import glob
+import json
 import os
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -121,3 +123,22 @@ def test_the_vulkan_venv_uses_this_checkout() -> None:
     gateway_file, llama_file = out.stdout.split()
     assert Path(gateway_file).is_relative_to(Path(__file__).resolve().parents[2]), out
     assert "/.venv/vulkan/" in llama_file, out
+
+
+def test_the_doctor_runs_a_few_tokens_on_the_gpu_and_says_why_lavapipe_is_hidden() -> None:
+    """`geniex doctor` with the Vulkan build: lavapipe named by GGML_VK_VISIBLE_DEVICES takes every
+    layer; unnamed, llama.cpp skips it, and the report says so (and what to set) instead of "no GPU"."""
+    base = {k: v for k, v in os.environ.items() if k != "GGML_VK_VISIBLE_DEVICES"} | {"VK_ICD_FILENAMES": LAVAPIPE[0]}
+    cmd = [str(VULKAN_PYTHON), "-m", "gateway.cli", "doctor", "--json", "--compute", "gpu", "--require", "gpu"]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=base | {"GGML_VK_VISIBLE_DEVICES": "0"})
+    checks = {c["name"]: c for c in json.loads(done.stdout)["checks"]}
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert checks["gpu.backends"]["status"] == "ok" and "llvmpipe" in checks["gpu.backends"]["detail"], checks
+    assert checks["gpu.offload_run"]["status"] == "ok" and "31 of 31 layers" in checks["gpu.offload_run"]["detail"]
+    hidden = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=base)
+    report = json.loads(hidden.stdout)
+    assert hidden.returncode == 1 and report["units"] == [
+        {"unit": "gpu", "usable": False, "why": report["units"][0]["why"], "check": "gpu.backends"}
+    ], report
+    assert "Vulkan backend sees no GPU device" in report["units"][0]["why"]
+    assert "GGML_VK_VISIBLE_DEVICES" in report["units"][0]["why"]

@@ -111,4 +111,5 @@ def test_chat_on_a_bundle_without_an_npu_is_a_clear_refusal_and_the_server_goes_
     assert r.status_code == 400 and "`compute`: npu is not available for this model" in r.json()["error"], r.text
     worker = next(w for w in httpx.get(f"{server.base_url}/v1/workers").json()["data"] if w["model"] == imported)
     assert worker["engine"] == "qairt" and "Snapdragon NPU" in (worker.get("fallback") or ""), worker
+    assert worker["doctor_check"] == "npu.soc", worker  # `geniex doctor`'s check of an NPU-less host
     _still_serving(server)

@@ -22,7 +22,7 @@ FLOORS: list[set[str]] = [
     {"app"},
     {"dialects"},  # one room per protocol: gateway/dialects/<protocol>/
     {"http"},  # the plumbing every route shares
-    {"chat", "supervisor"},  # the shared chat plan; the workers
+    {"chat", "supervisor", "doctor"},  # the shared chat plan; the workers; `geniex doctor`
     {"models", "mcp", "media"},
     {"ops"},
     {"errors", "web"},

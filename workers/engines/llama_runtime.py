@@ -119,6 +119,23 @@ def devices() -> list[Device]:
         return []
 
 
+def backend_names() -> list[str]:
+    """The ggml backends this build registered ("CPU", "Vulkan", "OpenCL", ...), whether or not they
+    found a device: a Vulkan build on a machine whose only driver runs on the CPU has no device."""
+    try:
+        from llama_cpp._ggml import libggml as g
+
+        g.ggml_backend_reg_count.restype = ctypes.c_size_t
+        g.ggml_backend_reg_get.argtypes = [ctypes.c_size_t]
+        g.ggml_backend_reg_get.restype = ctypes.c_void_p
+        g.ggml_backend_reg_name.argtypes = [ctypes.c_void_p]
+        g.ggml_backend_reg_name.restype = ctypes.c_char_p
+        return [g.ggml_backend_reg_name(g.ggml_backend_reg_get(i)).decode(errors="replace")
+                for i in range(g.ggml_backend_reg_count())]  # fmt: skip
+    except (ImportError, AttributeError, OSError):
+        return []
+
+
 def offloaded_layers(model: ctypes.c_void_p, n_gpu_layers: int) -> tuple[int, int]:
     """(layers on the GPU, layers in all), counted as llama.cpp's "offloaded N/M layers" does: the
     repeating layers, then the output layer once every one of them is offloaded."""

@@ -11,6 +11,7 @@ from litestar.di import NamedDependency
 
 from gateway.http.lifecycle import Lifecycle
 from gateway.http.services import Services
+from protocol.doctor import fallback_check
 from protocol.wire import Device, UpstreamHealth
 
 
@@ -54,6 +55,7 @@ class WorkerInfo(msgspec.Struct):
     disk_cache_write_errors: int = 0
     runs_on: str | None = None  # the unit the worker really runs on (`compute` is the one asked for)
     fallback: str | None = None  # why it runs on the CPU instead of the unit asked for
+    doctor_check: str | None = None  # the `geniex doctor` check that looks at that reason's cause
     # Its KV cache's types and one token's K and V in bytes, as the worker computed them from its model.
     cache_type_k: str | None = None
     cache_type_v: str | None = None
@@ -79,12 +81,16 @@ async def health() -> dict[str, str]:
 @get("/ready")
 async def ready(lifecycle: NamedDependency[Lifecycle], services: NamedDependency[Services]) -> Response[dict[str, Any]]:
     """200 while the server takes requests; `recovering` names the models whose last worker crashed
-    or hung (why, until a new one is ready): the server is ready, those models are restarting."""
+    or hung (why, until a new one is ready): the server is ready, those models are restarting;
+    `fallback` the workers that run on another unit than the one asked for, why, and the doctor's
+    check of that cause (`geniex doctor`)."""
     if lifecycle.draining:
         return Response({"error": "draining: shutting down"}, status_code=503, headers={"Retry-After": "5"})
     if lifecycle.ready:
         recovering = dict(services.pool.crashed)
-        return Response({"status": "ready", **({"recovering": recovering} if recovering else {})})
+        fell_back = _fallbacks(services)
+        return Response({"status": "ready", **({"recovering": recovering} if recovering else {}),
+                         **({"fallback": fell_back} if fell_back else {})})  # fmt: skip
     return Response({"error": "starting: preloading models"}, status_code=503, headers={"Retry-After": "1"})
 
 
@@ -131,6 +137,7 @@ async def workers(services: NamedDependency[Services]) -> WorkerTable:
                 disk_cache_write_errors=h.disk[3],
                 runs_on=h.ready_info.compute if h.ready_info else None,
                 fallback=(h.ready_info.fallback or None) if h.ready_info else None,
+                doctor_check=fallback_check(h.key.compute, h.ready_info.fallback) if h.ready_info else None,
                 cache_type_k=(h.ready_info.cache_type_k or None) if h.ready_info else None,
                 cache_type_v=(h.ready_info.cache_type_v or None) if h.ready_info else None,
                 kv_bytes_per_token=(h.ready_info.kv_bytes_per_token or None) if h.ready_info else None,
@@ -141,6 +148,12 @@ async def workers(services: NamedDependency[Services]) -> WorkerTable:
             )
         )
     return WorkerTable(object="list", data=rows)
+
+
+def _fallbacks(services: Services) -> list[dict[str, str | None]]:
+    return [{"model": h.key.model, "compute": h.key.compute, "runs_on": h.ready_info.compute,
+             "reason": h.ready_info.fallback, "doctor_check": fallback_check(h.key.compute, h.ready_info.fallback)}
+            for h in services.pool.workers.values() if h.alive and h.ready_info and h.ready_info.fallback]  # fmt: skip
 
 
 def _upstream(probe: UpstreamHealth | None) -> UpstreamInfo | None:
