@@ -5,6 +5,10 @@ from __future__ import annotations
 
 import msgspec
 
+# `--npu-spinning`: whether onnxruntime's thread pools in QNN sessions spin between tasks (gateway/ops/settings.py
+# says why `off` is the default); `mains` is resolved by the worker as it starts, from the power supply.
+NPU_SPINNING = ("off", "mains", "on")
+
 
 class WorkerArgs(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     engine: str  # a name in workers/engines ENGINES (and protocol/engines.py)
@@ -23,6 +27,7 @@ class WorkerArgs(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
     cache_dir: str = ""  # the NPU chat engine's converted graphs ("": the default data dir's npu/)
     mmproj: str = ""  # the chat engine's multimodal projector GGUF ("": none)
     npu_performance: str = "auto"  # QNN's HTP performance mode (protocol/qnn.py PERFORMANCE_MODES)
+    npu_spinning: str = "off"  # whether QNN sessions' thread pools spin (NPU_SPINNING)
     # The llama.cpp chat engine's KV cache types (protocol/kv_cache.py KV_TYPES), for its draft models too.
     cache_type_k: str = "f16"
     cache_type_v: str = "f16"

@@ -17,6 +17,7 @@ from typing import Annotated, Any, Literal
 import msgspec
 
 from protocol import kv_cache, qnn
+from protocol.worker_args import NPU_SPINNING
 
 DEFAULT_HOST = "127.0.0.1:18181"
 
@@ -247,6 +248,15 @@ class Settings(msgspec.Struct, kw_only=True):
         "`balanced` on battery, as the power supply says when a worker starts; `sustained_high_performance` "
         "suits long plugged-in runs, the `*power_saver` modes a laptop that must last (docs/accelerators.md)",
         "workers", choices=qnn.PERFORMANCE_MODES)] = "auto"  # fmt: skip
+    npu_spinning: Annotated[str, Flag(
+        "whether onnxruntime's threads in the NPU's (QNN) sessions spin, busy-waiting for work, instead of "
+        "sleeping: `off` (the default; workers share the cores with each other and with the rest of a laptop, "
+        "and with QNN spinning took 62-66 percent of 12 cores during NPU decode against 9-14 percent without, "
+        "microsoft/Foundry-Local#1081, for a little decode speed), `mains` (spin on mains power, never on "
+        "battery, as the power supply says when a worker starts), `on` (always: a plugged-in machine serving "
+        "nothing else). Measured on the CPU EP, spinning made short steps 16-18 percent faster on an idle box and "
+        "39-41 percent slower beside one busy process (bench/README.md). CPU sessions never spin",
+        "workers", choices=NPU_SPINNING)] = "off"  # fmt: skip
     qnn_simulator: Annotated[bool, Flag(
         "on x86_64, let `compute: npu` use Qualcomm's HTP simulator (slow: development and tests only; see "
         "docs/accelerators.md). Without it, where there is no NPU, `npu` falls back to the CPU with a warning",

@@ -114,3 +114,12 @@ def test_a_value_out_of_its_declared_bounds_is_named() -> None:
         "--worker-nice must be 0..19, not 25",
         "--max-connections must be 1 or more, not 0",
     ]
+
+
+def test_every_commands_help_prints(capsys: pytest.CaptureFixture[str]) -> None:
+    """argparse formats each help with %: a stray one in a flag's text crashes `--help` alone."""
+    for command in ("serve", "doctor", "pull", "npu", "usage"):
+        with pytest.raises(SystemExit) as done:
+            cli.main([command, "--help"])
+        assert done.value.code == 0, command
+        assert "usage: geniex" in capsys.readouterr().out

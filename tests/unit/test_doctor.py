@@ -187,7 +187,7 @@ def test_the_services_sandbox_is_carried_to_systemd_run_and_its_start_is_not() -
     assert "User=geniex" in props and "PrivateUsers=yes" in props and "ProtectHome=yes" in props
     # The drop-in's lines come after the unit's, as systemd applies them.
     assert props.index("PrivateDevices=yes") < props.index("PrivateDevices=no")
-    assert "DeviceAllow=/dev/fastrpc-cdsp rw" in props
+    assert "DeviceAllow=/dev/fastrpc-cdsp rw" in props and "SupplementaryGroups=fastrpc" in props
     assert "Environment=GENIEX_DATA_DIR=/var/lib/geniex" in props  # specifiers expanded as the service has them
     assert not [p for p in props if p.split("=")[0] in ("Type", "ExecStart", "WatchdogSec", "Restart")]
     i = argv.index("/opt/geniex/.venv/bin/geniex")  # the service's own install, not ours

@@ -51,7 +51,15 @@ from rapidocr.utils.output import RapidOCROutput
 from protocol.cv import MAX_IMAGE_PIXELS, MAX_TALL_RATIO, MAX_WIDE_RATIO
 from protocol.wire import PROTOCOL_VERSION, Done, ErrorKind, Failed, Ready, Recognize, TextRegion, TextRegions
 from workers.engines import Emit, EngineError, EngineOptions
-from workers.engines.onnx import CPU, QNN, nodes_by_provider, npu_devices, qnn_options
+from workers.engines.onnx import (
+    CPU,
+    QNN,
+    allow_spinning,
+    nodes_by_provider,
+    npu_devices,
+    qnn_options,
+    spinning_at_start,
+)
 
 log = structlog.get_logger("worker.ocr")
 
@@ -152,6 +160,8 @@ class OcrEngine:
         t0 = time.perf_counter()
         self.folder = Path(opts.model_path)
         self.npu_performance = opts.npu_performance
+        self.npu_spinning = opts.npu_spinning
+        self._spin = False  # whether its QNN sessions spin: resolved when the NPU is chosen
         graphs = model_graphs(self.folder)
         self.threads = opts.threads or psutil.cpu_count(logical=False) or os.cpu_count() or 1
         self.compute = "cpu"
@@ -170,19 +180,19 @@ class OcrEngine:
 
     # ---- sessions ----------------------------------------------------------
 
-    def _options(self) -> ort.SessionOptions:
+    def _options(self, spin: bool = False) -> ort.SessionOptions:
         so = ort.SessionOptions()
         so.intra_op_num_threads = self.threads
         so.inter_op_num_threads = 1
         so.log_severity_level = 3
-        so.add_session_config_entry("session.intra_op.allow_spinning", "0")  # workers share the cores
+        allow_spinning(so, spin)  # workers share the cores: only a QNN session may spin (`--npu-spinning`)
         # Every image has its own input shapes: an arena would keep the largest image's activations
         # (about 1 GiB at the bounds) for the worker's life. RapidOCR's own sessions turn it off too.
         so.enable_cpu_mem_arena = False
         return so
 
     def _session(self, path: Path, *, npu: bool = False) -> ort.InferenceSession:
-        so = self._options()
+        so = self._options(spin=npu and self._spin)
         if not npu:
             return ort.InferenceSession(str(path), sess_options=so, providers=[CPU])
         so.enable_profiling = True  # for the probe: which provider ran which node
@@ -197,6 +207,7 @@ class OcrEngine:
             return
         self._profile_dir = tempfile.mkdtemp(prefix="geniex-ocr-")
         self.compute = "npu"
+        self._spin = spinning_at_start(self.npu_spinning)
 
     def _pipeline(self) -> RapidOCR:
         """RapidOCR with its three parts built on our sessions (its defaults for everything else)."""

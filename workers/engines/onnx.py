@@ -131,14 +131,58 @@ def qnn_options(performance: str = "auto") -> dict[str, str]:
     return options
 
 
-def performance_mode(setting: str, power_supplies: Path = Path("/sys/class/power_supply")) -> str:
-    """`auto` resolved by the power source (Linux's power_supply class): `balanced` on a battery with
-    no mains supply online, else `burst` (a desktop has no battery); any other setting as it is."""
-    if setting != "auto":
-        return setting
+POWER_SUPPLIES = Path("/sys/class/power_supply")  # Linux's power_supply class
+
+
+def on_battery(power_supplies: Path = POWER_SUPPLIES) -> bool:
+    """Whether this machine runs from its battery: it has one and no mains supply is online (Linux's
+    power_supply class). Where the class is absent (Windows on Arm) psutil asks the OS. A desktop
+    has no battery, and a machine that cannot tell counts as on mains."""
+    if not power_supplies.is_dir():
+        return _os_on_battery()
     kinds = {p: _read(p / "type") for p in power_supplies.glob("*")}
     on_mains = any(kind == "Mains" and _read(p / "online") == "1" for p, kind in kinds.items())
-    return "balanced" if "Battery" in kinds.values() and not on_mains else "burst"
+    return "Battery" in kinds.values() and not on_mains
+
+
+def _os_on_battery() -> bool:
+    try:
+        battery = psutil.sensors_battery()
+    except (AttributeError, OSError, RuntimeError):  # a platform psutil has no battery sensor for
+        return False
+    return battery is not None and battery.power_plugged is False  # None: the OS cannot tell
+
+
+def performance_mode(setting: str, power_supplies: Path = POWER_SUPPLIES) -> str:
+    """`auto` resolved by the power source: `balanced` on battery, else `burst`; any other setting as it is."""
+    if setting != "auto":
+        return setting
+    return "balanced" if on_battery(power_supplies) else "burst"
+
+
+def spinning(setting: str, power_supplies: Path = POWER_SUPPLIES) -> bool:
+    """`--npu-spinning` resolved: whether QNN sessions' thread pools spin. `mains`: unless on battery."""
+    if setting == "mains":
+        return not on_battery(power_supplies)
+    return setting == "on"
+
+
+def spinning_at_start(setting: str) -> bool:
+    """`spinning` for a worker about to make its QNN sessions: resolved once, as it starts (a laptop
+    unplugged later keeps the choice until its worker is restarted), and logged."""
+    spin = spinning(setting)
+    log.info("npu thread spinning", setting=setting, spinning=spin)
+    return spin
+
+
+def allow_spinning(so: ort.SessionOptions, spin: bool) -> None:
+    """Whether both of onnxruntime's thread pools spin, busy-waiting for work between tasks, or sleep:
+    the intra-op pool (one node's threads) and the inter-op pool (parallel nodes; unused while
+    inter_op_num_threads is 1, but onnxruntime spins by default, so it is set too). Spinning answers
+    a little sooner and costs whole cores (docs/accelerators.md)."""
+    value = "1" if spin else "0"
+    so.add_session_config_entry("session.intra_op.allow_spinning", value)
+    so.add_session_config_entry("session.inter_op.allow_spinning", value)
 
 
 def _read(path: Path) -> str:
@@ -216,6 +260,8 @@ class OnnxEngine(QueuedEngine):
     def __init__(self, opts: EngineOptions) -> None:
         t0 = time.perf_counter()
         self.npu_performance = opts.npu_performance
+        self.npu_spinning = opts.npu_spinning
+        self._spin = False  # whether its QNN sessions spin: resolved when the NPU is chosen
         self.folder, self.model_file = model_files(opts.model_path)
         if not self.model_file.is_file():
             raise EngineError(f"{self.model_file} does not exist", kind=ErrorKind.ENGINE)
@@ -257,20 +303,21 @@ class OnnxEngine(QueuedEngine):
 
     # ---- sessions ----------------------------------------------------------
 
-    def _options(self) -> ort.SessionOptions:
+    def _options(self, spin: bool = False) -> ort.SessionOptions:
         so = ort.SessionOptions()
         so.intra_op_num_threads = self.threads
         so.inter_op_num_threads = 1
         so.log_severity_level = 3  # onnxruntime's warnings about fusions are noise in a service log
-        # Workers share the cores: a pool spinning between passes would slow the others down.
-        so.add_session_config_entry("session.intra_op.allow_spinning", "0")
+        # Workers share the cores: a CPU pool spinning between passes would slow the others down; a
+        # QNN session spins only as `--npu-spinning` says.
+        allow_spinning(so, spin)
         return so
 
     def _cpu_session(self) -> ort.InferenceSession:
         return ort.InferenceSession(str(self.model_file), sess_options=self._options(), providers=[CPU])
 
     def _npu_session(self, batch: int, length: int, profile_dir: str | None = None) -> ort.InferenceSession:
-        so = self._options()
+        so = self._options(self._spin)
         if self._dims is not None:
             so.add_free_dimension_override_by_name(self._dims[0], batch)
             so.add_free_dimension_override_by_name(self._dims[1], length)
@@ -292,6 +339,7 @@ class OnnxEngine(QueuedEngine):
         else:
             log.warning("model inputs have no named batch/sequence dimensions; QNN gets dynamic shapes", shape=first)
         self.compute = "npu"
+        self._spin = spinning_at_start(self.npu_spinning)
 
     def _probe(self) -> np.ndarray:
         """One forward pass at load: a warm-up, the output width, and (NPU) which provider ran what."""

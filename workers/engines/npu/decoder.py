@@ -45,6 +45,7 @@ import structlog
 
 from protocol import npu_plan
 from workers.engines.npu.convert import MASKED, DecoderConfig
+from workers.engines.onnx import allow_spinning
 
 CHUNK = 32  # prompt tokens per prefill pass
 QNN = "QNNExecutionProvider"
@@ -266,20 +267,24 @@ class Decoder:
 # ---- sessions ----------------------------------------------------------------------------------
 
 
-def session_options(dims: dict[str, int], threads: int) -> ort.SessionOptions:
+def session_options(dims: dict[str, int], threads: int, spinning: bool = False) -> ort.SessionOptions:
+    """`spinning`: whether the session's thread pools busy-wait for work (`--npu-spinning`, QNN only)."""
     so = ort.SessionOptions()
     so.intra_op_num_threads = threads
     so.inter_op_num_threads = 1
     so.log_severity_level = 3
-    so.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    allow_spinning(so, spinning)
     for name, value in dims.items():
         so.add_free_dimension_override_by_name(name, value)
     return so
 
 
-def cpu_session_factory(threads: int) -> SessionFactory:
+def cpu_session_factory(threads: int, spinning: bool = False) -> SessionFactory:
+    """Sessions on the CPU EP (the engine's tests). The engine's never spin; bench/npu_spinning.py's do."""
+
     def make(graph: Path, dims: dict[str, int], _label: str) -> ort.InferenceSession:
-        return ort.InferenceSession(str(graph), sess_options=session_options(dims, threads), providers=[CPU])
+        so = session_options(dims, threads, spinning)
+        return ort.InferenceSession(str(graph), sess_options=so, providers=[CPU])
 
     return make
 
@@ -295,15 +300,16 @@ def context_file(graph: Path, dims: dict[str, int], soc: str, cpu_fallback: bool
 
 def qnn_session_factory(devices: list[Any], options: dict[str, str], threads: int, *, cpu_fallback: bool,
                         on_build: Callable[[str, float, bool], None] | None = None,
-                        profile_dir: str | None = None) -> SessionFactory:  # fmt: skip
+                        profile_dir: str | None = None, spinning: bool = False) -> SessionFactory:  # fmt: skip
     """Sessions on QNN. `cpu_fallback` False (compute npu): onnxruntime refuses a graph that QNN
-    cannot take whole. The first build of a shape writes its context binary; later builds load it."""
+    cannot take whole. The first build of a shape writes its context binary; later builds load it.
+    `spinning`: `--npu-spinning` as the worker resolved it (a run-time option: not in the binary's name)."""
 
     soc = npu_plan.detect_soc()[0].name  # the simulator's too: GENIEX_QNN_SOC_MODEL, else the X Elite
 
     def make(graph: Path, dims: dict[str, int], label: str) -> ort.InferenceSession:
         t0 = time.perf_counter()
-        so = session_options(dims, threads)
+        so = session_options(dims, threads, spinning)
         if not cpu_fallback:
             so.add_session_config_entry("session.disable_cpu_ep_fallback", "1")
         if profile_dir is not None and label.split()[0] == "decode":

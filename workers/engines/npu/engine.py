@@ -179,7 +179,7 @@ class NpuChatEngine(VocabTokens):
         """On QNN; or, with `cpu_threads` > 0, the same graph on onnxruntime's CPU EP (the tests of
         this engine's request handling, which need no simulator)."""
         t0 = time.perf_counter()
-        from workers.engines.onnx import npu_devices, qnn_options  # the QNN plugin, registered once
+        from workers.engines.onnx import npu_devices, qnn_options, spinning_at_start  # the QNN plugin, registered once
 
         devices: list[Any] = []
         if not cpu_threads:
@@ -209,6 +209,7 @@ class NpuChatEngine(VocabTokens):
         factory: SessionFactory = qnn_session_factory(
             devices, qnn_options(opts.npu_performance), opts.threads or 2, cpu_fallback=opts.compute == "hybrid",
             on_build=lambda label, secs, warm: self.builds.append((label, secs, warm)), profile_dir=profile_dir,
+            spinning=spinning_at_start(opts.npu_spinning),
         ) if devices else cpu_session_factory(cpu_threads)  # fmt: skip
         try:
             self.decoder = Decoder(folder, self.cfg, self.n_ctx, factory)
