@@ -31,7 +31,7 @@ from gateway.supervisor.compute import devices, resolve_compute
 from gateway.supervisor.events import EventHub
 from gateway.supervisor.eviction import Resident, plan_evictions, plan_with_device
 from gateway.supervisor.handle import Happened, WorkerEvent, WorkerHandle, WorkerSpec
-from gateway.supervisor.liveness import bounds_for, verdict
+from gateway.supervisor.liveness import bounds_for, npu_call, verdict
 from gateway.supervisor.memory import (
     embedding_kv_tokens,
     estimate_worker_bytes,
@@ -262,6 +262,7 @@ class WorkerPool:
                 cache_dir=str(s.data_dir / NPU_DIR) if row.npu_cache else "",
                 mmproj=entry.mmproj if row.projector else "",  # llama_npu: for its CPU fallback
                 npu_performance=s.npu_performance,
+                npu_spinning=s.npu_spinning,
                 cache_type_k=kv_types[0],
                 cache_type_v=kv_types[1],
                 name=key.slug,
@@ -441,7 +442,8 @@ class WorkerPool:
                 if h.state is not State.READY or not h.inflight or h.hung is not None:
                     continue
                 why = verdict(now, h.last_heard, h.beat.step_s, h.beat_at,
-                              bounds_for(h.spec.engine, s.hang_silence_s, s.hang_step_s))  # fmt: skip
+                              bounds_for(h.spec.engine, s.hang_silence_s, s.hang_step_s),
+                              npu=npu_call(h.ready_info))  # fmt: skip
                 if why is not None:
                     self.metrics.worker_hung(h.key.model)
                     h.kill_hung(why)
