@@ -10,14 +10,23 @@ A bundle is keyed by the SoC it was compiled for, the QNN plugin's version and t
 version: context binaries load only on the SoC and QNN they were built with, and the graph layout
 changes with the converter. One that does not match is refused with the reason (the model still
 imports, and is converted and compiled on the device when first loaded on the NPU).
+
+Weight-shared bundles (`geniex npu compile --bundle OUT --shared-weights`): each part's prefill and
+decode graphs in one context binary holding its weights once (workers/engines/npu/shared.py), so that
+the NPU holds them once. onnxruntime-qnn generates those only on x86_64, and only a Snapdragon loads
+them: Qualcomm's HTP simulator crashes loading one. An imported bundle's manifest is kept in its
+converted folder, where the worker and the plan read whether its binaries share their weights.
 """
 
 from __future__ import annotations
 
 import importlib.metadata
+import platform
 from pathlib import Path
 
 import msgspec
+
+from protocol import qnn
 
 BUNDLE_FILE = "bundle.json"
 GRAPHS_DIR = "npu"
@@ -37,6 +46,9 @@ class Bundle(msgspec.Struct, frozen=True, kw_only=True):
     converter_version: int  # protocol/npu_cache.py CONVERTER_VERSION that wrote the graphs
     nctx: int  # the context the compiled shapes attend over
     files: list[str]  # every file of npu/, relative to it
+    # One context binary per part holds both shapes' graphs and the part's weights once. Older
+    # manifests have no such field: their binaries are one per shape, each with its own weights.
+    shared_weights: bool = False
 
 
 def _inside(bundle: Path, base: Path, name: str, what: str) -> Path:
@@ -94,3 +106,33 @@ def qnn_version() -> str:
         return importlib.metadata.version("onnxruntime-qnn")
     except importlib.metadata.PackageNotFoundError:
         return ""
+
+
+def shared_generation_refused() -> str | None:
+    """Why this machine cannot compile weight-shared contexts, or None. onnxruntime-qnn switches QNN's
+    weight sharing on only when generating offline on x86_64; on an Arm device it logs a warning and
+    builds each context with its own weights, so the bundle would not share them."""
+    if qnn.is_simulated():
+        return None
+    return (f"weight-shared NPU contexts are compiled only on x86_64 (onnxruntime-qnn generates them offline "
+            f"there; on this {platform.machine()} machine it would give each context its own weights): run "
+            "`geniex npu compile MODEL --bundle OUT --shared-weights` on an x86_64 machine with "
+            "GENIEX_QNN_SIMULATOR=1 and import OUT here with `geniex pull NAME --local OUT`")  # fmt: skip
+
+
+def shared_load_refused() -> str | None:
+    """Why this machine cannot load weight-shared context binaries, or None. Qualcomm's HTP simulator
+    (x86_64, libQnnHtp.so of onnxruntime-qnn 2.7.0) crashes the process (SIGSEGV in its context creation)
+    loading a binary whose graphs share weights; onnxruntime-qnn's own test loads them only on a device."""
+    if not qnn.is_simulated():
+        return None
+    return ("Qualcomm's HTP simulator crashes loading weight-shared context binaries (they load only on a "
+            "Snapdragon): compiling unshared ones here")  # fmt: skip
+
+
+def imported_shared(converted: Path) -> bool:
+    """Whether a converted folder came from a weight-shared bundle (import_bundle keeps its manifest there)."""
+    try:
+        return msgspec.json.decode((converted / BUNDLE_FILE).read_bytes(), type=Bundle).shared_weights
+    except (OSError, msgspec.DecodeError):
+        return False

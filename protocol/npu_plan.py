@@ -187,8 +187,10 @@ def npu_nctx(nctx: int | None) -> int:
     return min(nctx or NPU_MAX_CTX, NPU_MAX_CTX)
 
 
-def plan_here(shape: Shape, nctx: int | None) -> tuple[Plan, str]:
+def plan_here(shape: Shape, nctx: int | None, *, shared_weights: bool = False) -> tuple[Plan, str]:
     """The plan for serving `shape` on this machine's SoC at the worker's context, and how the SoC
-    was found. Built on the device, each context binary (prefill, decode) holds its own weights."""
+    was found. Built on the device, each context binary (prefill, decode) holds its own weights;
+    `shared_weights`: the worker loads binaries compiled with weight sharing, from a bundle that says
+    so (protocol/npu_bundle.py), and the weights count once."""
     soc, how = detect_soc()
-    return plan(shape, soc, npu_nctx(nctx), shared_weights=False), how
+    return plan(shape, soc, npu_nctx(nctx), shared_weights=shared_weights), how

@@ -49,6 +49,10 @@ def add_npu_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     c.add_argument("--bundle", type=Path, metavar="OUT",
                    help="also write the model and its compiled graphs to the folder OUT, for `geniex pull NAME "
                         "--local OUT` on the laptop")  # fmt: skip
+    c.add_argument("--shared-weights", action="store_true",
+                   help="with --bundle, on x86_64: compile each part's prefill and decode contexts into one "
+                        "binary holding the weights once, for the laptop's NPU memory (only a Snapdragon "
+                        "loads them; this machine's cache gets the converted graphs alone)")  # fmt: skip
     add_data_dir(c)
     c.set_defaults(func=_compile)
 
@@ -106,6 +110,8 @@ def _compile(args: argparse.Namespace) -> int:
         raise SystemExit(f"error: {entry.id} is not a GGUF chat model (engine {entry.engine})")
     if args.bundle is not None and args.bundle.exists():
         raise SystemExit(f"error: {args.bundle} already exists")
+    if args.shared_weights:
+        _check_shared_weights(args.bundle)
     env = dict(os.environ)
     if args.soc:
         env["GENIEX_QNN_SOC_MODEL"] = str(npu_plan.SOCS[args.soc].soc_model)
@@ -114,21 +120,34 @@ def _compile(args: argparse.Namespace) -> int:
         shape = npu_shape(entry.path)
     except (OSError, ValueError, struct.error, KeyError) as exc:  # a truncated or corrupt header
         raise SystemExit(f"error: {entry.id}: not a readable GGUF header ({exc})") from None
-    plan = npu_plan.plan(shape, soc, args.nctx, shared_weights=False)
+    plan = npu_plan.plan(shape, soc, args.nctx, shared_weights=args.shared_weights)
     if not plan.fits:
         print(f"error: {entry.id} does not fit the {soc.title}: {plan.why_not}", file=sys.stderr)
         return 1
     # The worker's own process: the converter and QNN are engine code, which the gateway never imports.
     command = [sys.executable, "-I", "-m", "workers.engines.npu.build", "--model-path", entry.path,
                "--cache-dir", str(data_dir / NPU_DIR), "--nctx", str(args.nctx), "--name", entry.id,
-               *(["--bundle", str(args.bundle.absolute())] if args.bundle is not None else [])]  # fmt: skip
+               *(["--bundle", str(args.bundle.absolute())] if args.bundle is not None else []),
+               *(["--shared-weights"] if args.shared_weights else [])]  # fmt: skip
     return subprocess.run(command, env=env, check=False).returncode
+
+
+def _check_shared_weights(bundle: Path | None) -> None:
+    """Refuse `--shared-weights` where it cannot give a bundle whose binaries share their weights."""
+    from protocol.npu_bundle import shared_generation_refused
+
+    if bundle is None:
+        raise SystemExit("error: --shared-weights needs --bundle OUT: only a Snapdragon loads weight-shared "
+                         "contexts (Qualcomm's simulator here crashes loading them), so they are compiled for a "
+                         "bundle to import there")  # fmt: skip
+    if (why := shared_generation_refused()) is not None:
+        raise SystemExit(f"error: {why}")
 
 
 def import_bundle(store: ModelStore, folder: Path, name: str) -> ModelEntry:
     """A bundle's model into the store, and its compiled graphs into the NPU cache beside it. A bundle
     for another SoC, QNN or converter is refused whole (BadRequest naming why, nothing imported)."""
-    from protocol.npu_bundle import GRAPHS_DIR, BundleError, mismatch, qnn_version, read_bundle
+    from protocol.npu_bundle import BUNDLE_FILE, GRAPHS_DIR, BundleError, mismatch, qnn_version, read_bundle
 
     try:
         bundle = read_bundle(folder)
@@ -152,6 +171,8 @@ def import_bundle(store: ModelStore, folder: Path, name: str) -> ModelEntry:
         config = json.loads((tmp / CONFIG_FILE).read_text())
         config["source"] = str(Path(entry.path).resolve())  # the host reads the token embedding from it
         (tmp / CONFIG_FILE).write_text(json.dumps(config))
+        # Kept with the graphs: the worker and the plan read from it whether the binaries share weights.
+        shutil.copyfile(folder / BUNDLE_FILE, tmp / BUNDLE_FILE)
         shutil.rmtree(target, ignore_errors=True)
         tmp.rename(target)
     except (OSError, ValueError) as exc:

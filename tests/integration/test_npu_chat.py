@@ -9,6 +9,10 @@ speed, and a simulated step's time grows with the layers: with 2 the module take
 the whole model's time, the rest mostly the tied head (49152 x 576, whatever the depth), which the
 32-token prefill runs for every position. Still slow-ish on a busy 2-core box, so the requests are a
 few tokens.
+
+A weight-shared bundle (`--shared-weights`) is compiled here too, and checked for what it holds; its
+binaries load only on a Snapdragon (the simulator crashes loading a binary whose two graphs share
+weights), so the shared load path is run on a binary of one graph, prefill's, which the simulator loads.
 """
 
 from __future__ import annotations
@@ -25,7 +29,7 @@ import httpx
 import openai
 import pytest
 
-from protocol.npu_bundle import BUNDLE_FILE
+from protocol.npu_bundle import BUNDLE_FILE, GRAPHS_DIR, imported_shared
 from tests.npu_models import truncated_gguf
 from tests.server_proc import ServerProcess, serving
 
@@ -139,3 +143,75 @@ def test_a_bundle_for_another_machine_or_reaching_outside_is_refused(
     done = _geniex("pull", MODEL, "--local", str(copy), "--data-dir", str(data))
     assert done.returncode == 1 and reason in done.stderr and "Traceback" not in done.stderr, done.stderr
     assert not (data / "models").exists() and not (data / "npu").exists(), "nothing was imported"
+
+
+def _compile_shared(bundle: Path, out: Path) -> subprocess.CompletedProcess[str]:
+    """--shared-weights over the `bundle` fixture's data dir: its model pulled and converted already."""
+    return _geniex("npu", "compile", MODEL, "--data-dir", str(bundle.parent / "data"), "--nctx", "128", "--bundle",
+                   str(out), "--shared-weights", env={**os.environ, "GENIEX_QNN_SIMULATOR": "1"})  # fmt: skip
+
+
+def test_a_shared_bundle_holds_one_binary_per_part_with_the_weights_once(bundle: Path, tmp_path: Path) -> None:
+    import onnx
+
+    done = _compile_shared(bundle, tmp_path / "shared")
+    assert done.returncode == 0 and "weight-shared" in done.stdout, done.stdout + done.stderr
+    shared = tmp_path / "shared"
+    manifest = json.loads((shared / BUNDLE_FILE).read_text())
+    assert manifest["shared_weights"] is True
+    files = [shared / GRAPHS_DIR / f for f in manifest["files"]]
+    binaries = [f for f in files if f.name.endswith("_qnn.bin")]
+    assert len(binaries) == 1 and binaries[0].name.startswith("qnn-shared-"), manifest["files"]  # one part: one
+    assert not [f for f in files if f.name.startswith("qnn-ctx-")], "no unshared binary rides along"
+    contexts = [onnx.load(str(f)) for f in files if f.name.startswith("qnn-shared-") and f.suffix == ".onnx"]
+    assert len(contexts) == 2  # prefill's and decode's, with the graph's own input names, both naming the binary
+    for ctx in contexts:
+        (node,) = ctx.graph.node
+        attrs = {a.name: a for a in node.attribute}
+        assert attrs["ep_cache_context"].s.decode() == binaries[0].name
+        assert "inputs_embeds" in [i.name for i in ctx.graph.input] and attrs["io_name_overrides"].s
+    # The weights once: against the two unshared binaries of the same model (each with its own copy).
+    unshared = sum(f.stat().st_size for f in (bundle / GRAPHS_DIR).glob("qnn-ctx-*_qnn.bin"))
+    assert binaries[0].stat().st_size < 0.6 * unshared, (binaries[0].stat().st_size, unshared)
+
+    data = tmp_path / "data"
+    done = _geniex("pull", MODEL, "--local", str(shared), "--data-dir", str(data))
+    assert done.returncode == 0, done.stdout + done.stderr
+    (converted,) = (data / "npu").iterdir()
+    assert imported_shared(converted) and not imported_shared(next((bundle.parent / "data" / "npu").iterdir()))
+
+
+def test_the_shared_load_path_gives_the_unshared_greedy_tokens(bundle: Path, tmp_path: Path) -> None:
+    """Prefill's context weight-shared (a binary of one graph: the simulator loads it), decode's the
+    bundle's unshared one: the decoder loads the first through the shared path (its graph's names
+    restored, `ep.share_ep_contexts`), and its prefill and greedy tokens are the unshared decoder's."""
+    import numpy as np
+
+    from workers.engines.npu.convert import DecoderConfig
+    from workers.engines.npu.decoder import Decoder, qnn_session_factory
+    from workers.engines.npu.shared import compile_shared
+    from workers.engines.onnx import qnn_options, register_qnn
+
+    folder = _copy(bundle / GRAPHS_DIR, tmp_path / "npu")
+    for prefill in folder.glob("qnn-ctx-model-s32-*"):
+        prefill.unlink()  # were the shared one not taken, prefill would compile, not load ("cold")
+    cfg, devices, options = DecoderConfig.load(folder), register_qnn(), qnn_options()
+    (part,) = compile_shared(folder, cfg, 128, devices, options, folder, seqs=(32,))
+    assert part.contexts[0].startswith("qnn-shared-model-s32-")
+
+    def greedy(folder: Path, shared: bool) -> tuple[np.ndarray, list[int]]:
+        builds: list[bool] = []
+        make = qnn_session_factory(devices, options, 2, cpu_fallback=False, shared=shared,
+                                   on_build=lambda _label, _secs, warm: builds.append(warm))  # fmt: skip
+        dec = Decoder(folder, cfg, 128, make)
+        assert builds == [True, True], "both shapes loaded, none compiled"
+        logits = dec.prefill(list(range(100, 120)))
+        assert logits is not None
+        tokens = [int(np.argmax(logits))]
+        for _ in range(2):
+            tokens.append(int(np.argmax(dec.decode(tokens[-1]))))
+        return logits, tokens
+
+    shared_logits, shared_tokens = greedy(folder, True)
+    logits, tokens = greedy(bundle / GRAPHS_DIR, False)
+    assert shared_tokens == tokens and np.array_equal(shared_logits, logits)  # the same graph, compiled alike

@@ -1,5 +1,6 @@
 """NPU bundles (protocol/npu_bundle.py): a manifest naming files outside its folder, or made for
-another SoC, QNN or converter, is refused naming the file and the reason."""
+another SoC, QNN or converter, is refused naming the file and the reason; one whose binaries share
+their weights says so, and the worker loads them so only where they can load."""
 
 from __future__ import annotations
 
@@ -9,7 +10,20 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from protocol.npu_bundle import BUNDLE_FILE, GRAPHS_DIR, Bundle, BundleError, mismatch, read_bundle
+from protocol import npu_plan, qnn
+from protocol.npu_bundle import (
+    BUNDLE_FILE,
+    GRAPHS_DIR,
+    Bundle,
+    BundleError,
+    imported_shared,
+    mismatch,
+    qnn_version,
+    read_bundle,
+    shared_generation_refused,
+    shared_load_refused,
+)
+from protocol.npu_cache import CONVERTER_VERSION
 
 
 def _bundle(tmp_path: Path, **overrides: object) -> Path:
@@ -68,3 +82,59 @@ def test_no_manifest_or_garbage_is_one_clear_error(tmp_path: Path) -> None:
     (tmp_path / BUNDLE_FILE).write_text("{not json")
     with pytest.raises(BundleError, match="not a bundle manifest"):
         read_bundle(tmp_path)
+
+
+def test_a_manifest_says_whether_its_binaries_share_weights(tmp_path: Path) -> None:
+    assert read_bundle(_bundle(tmp_path / "old")).shared_weights is False  # manifests from before the field
+    assert read_bundle(_bundle(tmp_path / "new", shared_weights=True)).shared_weights is True
+
+
+@pytest.mark.parametrize(("machine", "generated", "loaded"), [("x86_64", True, False), ("aarch64", False, True),
+                                                               ("ARM64", False, True)])  # fmt: skip
+def test_shared_binaries_are_compiled_on_x86_64_and_loaded_on_a_snapdragon(
+    monkeypatch: pytest.MonkeyPatch, machine: str, generated: bool, loaded: bool
+) -> None:
+    monkeypatch.setattr(qnn.platform, "machine", lambda: machine)
+    refused = shared_generation_refused()
+    assert (refused is None) == generated
+    assert refused is None or (f"on this {machine} machine" in refused and "compile MODEL --bundle OUT" in refused)
+    refused = shared_load_refused()
+    assert (refused is None) == loaded and (refused is None or "simulator crashes" in refused)
+
+
+def test_the_shared_weights_flag_needs_a_bundle_and_an_x86_64_machine(monkeypatch: pytest.MonkeyPatch,
+                                                                      tmp_path: Path) -> None:  # fmt: skip
+    from gateway.models.npu_cli import _check_shared_weights
+
+    with pytest.raises(SystemExit, match="needs --bundle OUT"):
+        _check_shared_weights(None)
+    monkeypatch.setattr(qnn.platform, "machine", lambda: "aarch64")
+    with pytest.raises(SystemExit, match="compiled only on x86_64"):
+        _check_shared_weights(tmp_path / "out")
+
+
+def test_an_imported_shared_bundle_is_loaded_shared_only_where_it_can_be(monkeypatch: pytest.MonkeyPatch,
+                                                                         tmp_path: Path) -> None:  # fmt: skip
+    """import_bundle keeps the manifest with the graphs; the worker reads it, and on the simulator
+    (this x86_64 host) leaves the binaries alone, since loading them would crash it."""
+    from gateway.models.npu_cli import import_bundle
+    from gateway.models.store import ModelStore
+    from protocol.worker_args import WorkerArgs
+    from workers.engines.npu.engine import loads_shared
+
+    folder = _bundle(tmp_path, soc=npu_plan.detect_soc()[0].name, qnn_version=qnn_version(),
+                     converter_version=CONVERTER_VERSION, shared_weights=True)  # fmt: skip
+    (folder / "m.gguf").write_bytes(b"GGUF" + bytes(60))
+    store = ModelStore(tmp_path / "data")
+    entry = import_bundle(store, folder, "o/r:Q4_0")
+    (converted,) = (tmp_path / "data" / "npu").iterdir()
+    assert imported_shared(converted) and not imported_shared(tmp_path)
+
+    def opts(compute: str) -> WorkerArgs:
+        return WorkerArgs(engine="llama_npu", model_path=entry.path, compute=compute,
+                          cache_dir=str(tmp_path / "data" / "npu"))  # fmt: skip
+
+    monkeypatch.setattr(qnn.platform, "machine", lambda: "x86_64")
+    assert not loads_shared(opts("npu"))
+    monkeypatch.setattr(qnn.platform, "machine", lambda: "aarch64")
+    assert loads_shared(opts("npu")) and not loads_shared(opts("hybrid"))

@@ -39,6 +39,20 @@ def test_a_3b_model_fits_only_with_shared_weights() -> None:
     assert plan(LLAMA_3B, X_ELITE, 4096, shared_weights=True).fits
 
 
+def test_the_workers_plan_counts_the_weights_once_where_its_binaries_share_them(tmp_path: Path) -> None:
+    """Imported from a weight-shared bundle (protocol/npu_bundle.py), prefill and decode hold one copy."""
+    from workers.engines.npu.engine import NpuUnavailable, check_fits
+
+    unshared, _ = npu_plan.plan_here(LLAMA_3B, None)
+    shared, _ = npu_plan.plan_here(LLAMA_3B, None, shared_weights=True)
+    assert shared.shared_weights and shared.process_bytes == unshared.process_bytes - unshared.weight_bytes
+    assert not unshared.fits and shared.fits
+    gguf_3b = str(_header_only_gguf(tmp_path / "3b.gguf", LLAMA_3B))
+    assert check_fits(gguf_3b, 1024, shared_weights=True).fits
+    with pytest.raises(NpuUnavailable, match="twice"):
+        check_fits(gguf_3b, 1024)
+
+
 def test_parts_cover_every_layer_once_and_the_head_last() -> None:
     for limit in (10**12, 700_000_000, 200_000_000, 1):
         parts = split(LLAMA_1B, limit)

@@ -48,6 +48,10 @@ from workers.engines.npu.convert import MASKED, DecoderConfig
 from workers.engines.onnx import allow_spinning
 
 CHUNK = 32  # prompt tokens per prefill pass
+# Context models (and their binaries) in the converted folder: one per graph and shape, and the
+# weight-shared ones that came from a bundle (shared.py), one binary per graph.
+CONTEXT_PREFIX = "qnn-ctx-"
+SHARED_PREFIX = "qnn-shared-"
 QNN = "QNNExecutionProvider"
 CPU = "CPUExecutionProvider"
 
@@ -166,7 +170,7 @@ class Decoder:
         return self.decode_sessions[0]
 
     def _dims(self, seq: int) -> dict[str, int]:
-        return {"seq": seq, "past": self.n_ctx, "total": self.n_ctx + seq}
+        return shape_dims(seq, self.n_ctx)
 
     def reset(self, keep: int = 0) -> None:
         """Forget every position from `keep` on (the buffer is overwritten, not cleared: the mask
@@ -289,25 +293,40 @@ def cpu_session_factory(threads: int, spinning: bool = False) -> SessionFactory:
     return make
 
 
+def shape_dims(seq: int, n_ctx: int) -> dict[str, int]:
+    """The free dimensions one compiled shape pins: `seq` new tokens over a KV buffer of `n_ctx`."""
+    return {"seq": seq, "past": n_ctx, "total": n_ctx + seq}
+
+
 def context_file(graph: Path, dims: dict[str, int], soc: str, cpu_fallback: bool) -> Path:
     """Where the compiled context binary of this graph (a model's parts are graphs of their own) and
     shape lives, per SoC and fallback rule: not per run-time option (the performance mode), nor per
     machine, so that binaries compiled elsewhere for this SoC (`geniex npu compile`) are found."""
     tag = hashlib.sha256(repr((sorted(dims.items()), soc, cpu_fallback)).encode()).hexdigest()[:12]
     # Beside the graph: a context model that keeps some nodes on the CPU names the same weights file.
-    return graph.parent / f"qnn-ctx-{graph.stem}-s{dims['seq']}-p{dims['past']}-{tag}.onnx"
+    return graph.parent / f"{CONTEXT_PREFIX}{graph.stem}-s{dims['seq']}-p{dims['past']}-{tag}.onnx"
+
+
+def shared_context_file(ctx: Path) -> Path:
+    """The weight-shared counterpart of `context_file`'s `ctx` (compute npu): an EPContext model whose
+    binary holds its part's other shape too (shared.py), named apart so that neither is taken for the other."""
+    return ctx.with_name(ctx.name.replace(CONTEXT_PREFIX, SHARED_PREFIX, 1))
 
 
 def qnn_session_factory(devices: list[Any], options: dict[str, str], threads: int, *, cpu_fallback: bool,
                         on_build: Callable[[str, float, bool], None] | None = None,
-                        profile_dir: str | None = None, spinning: bool = False) -> SessionFactory:  # fmt: skip
+                        profile_dir: str | None = None, spinning: bool = False,
+                        shared: bool = False) -> SessionFactory:  # fmt: skip
     """Sessions on QNN. `cpu_fallback` False (compute npu): onnxruntime refuses a graph that QNN
     cannot take whole. The first build of a shape writes its context binary; later builds load it.
-    `spinning`: `--npu-spinning` as the worker resolved it (a run-time option: not in the binary's name)."""
+    `spinning`: `--npu-spinning` as the worker resolved it (a run-time option: not in the binary's name).
+    `shared`: load the weight-shared binaries imported with the model (shared_context_file) where they
+    are, both shapes of a part from one; one that does not load turns them off for the rest."""
 
     soc = npu_plan.detect_soc()[0].name  # the simulator's too: GENIEX_QNN_SOC_MODEL, else the X Elite
 
     def make(graph: Path, dims: dict[str, int], label: str) -> ort.InferenceSession:
+        nonlocal shared
         t0 = time.perf_counter()
         so = session_options(dims, threads, spinning)
         if not cpu_fallback:
@@ -316,8 +335,15 @@ def qnn_session_factory(devices: list[Any], options: dict[str, str], threads: in
             so.enable_profiling = True
             so.profile_file_prefix = os.path.join(profile_dir, label.replace(" ", "-"))  # a file per part
         ctx = context_file(graph, dims, soc, cpu_fallback)
-        warm = ctx.is_file()
-        source = ctx if warm else graph
+        one = shared_context_file(ctx)
+        if shared and one.is_file():
+            # The session made second of the part's two finds its graph in the context the first loaded
+            # (onnxruntime's EP-context sharing), so the part's weights sit in NPU memory once.
+            so.add_session_config_entry("ep.share_ep_contexts", "1")
+            source, warm = one, True
+        else:
+            warm = ctx.is_file()
+            source = ctx if warm else graph
         if not warm:
             so.add_session_config_entry("ep.context_enable", "1")
             so.add_session_config_entry("ep.context_file_path", str(ctx))
@@ -325,11 +351,15 @@ def qnn_session_factory(devices: list[Any], options: dict[str, str], threads: in
         so.add_provider_for_devices(devices[:1], options)
         try:
             session = ort.InferenceSession(str(source), sess_options=so)
-        except Exception:
+        except Exception as exc:
             if not warm:
                 raise
-            # A context binary that no longer loads (a crash while writing it, another QNN SDK): rebuild it.
-            ctx.unlink(missing_ok=True)
+            if source == one:  # kept, not deleted: they came with the model, and another QNN may load them
+                log.warning("npu weight-shared context binary did not load; compiling unshared ones",
+                            shape=label, error=f"{type(exc).__name__}: {exc}")  # fmt: skip
+                shared = False
+            else:  # A context binary that no longer loads (a crash while writing it, another QNN SDK): rebuild it.
+                ctx.unlink(missing_ok=True)
             return make(graph, dims, label)
         if on_build is not None:
             on_build(label, time.perf_counter() - t0, warm)

@@ -34,7 +34,8 @@ import structlog
 
 from protocol import npu_plan
 from protocol.gguf_header import Header, npu_shape
-from protocol.npu_cache import NPU_DIR
+from protocol.npu_bundle import imported_shared, shared_load_refused
+from protocol.npu_cache import NPU_DIR, cache_key
 from protocol.wire import (
     PROTOCOL_VERSION,
     CountTokens,
@@ -74,16 +75,18 @@ class NpuUnavailable(Exception):
     """The NPU cannot run this model here; the worker runs it on the CPU instead."""
 
 
-def check_fits(gguf_path: str, nctx: int | None, header: Header | None = None) -> npu_plan.Plan:
+def check_fits(gguf_path: str, nctx: int | None, header: Header | None = None, *,
+               shared_weights: bool = False) -> npu_plan.Plan:  # fmt: skip
     """Refuse a model the NPU cannot hold before converting or compiling anything (a compile that
-    ran for minutes and then failed, or swapped the laptop, would be the alternative)."""
+    ran for minutes and then failed, or swapped the laptop, would be the alternative). `shared_weights`:
+    its prefill and decode contexts share one copy of the weights (loaded or compiled so)."""
     try:
         shape = npu_shape(gguf_path, header)
     except (OSError, ValueError, KeyError, struct.error) as exc:
         raise NpuUnavailable(f"{gguf_path}: the GGUF header cannot be read ({exc})") from None
-    plan, how = npu_plan.plan_here(shape, nctx)
+    plan, how = npu_plan.plan_here(shape, nctx, shared_weights=shared_weights)
     log.info("npu plan", soc=plan.soc, soc_from=how, parts=len(plan.parts), weights_mb=plan.weight_bytes >> 20,
-             npu_memory_mb=plan.process_bytes >> 20, fits=plan.fits)  # fmt: skip
+             npu_memory_mb=plan.process_bytes >> 20, shared_weights=shared_weights, fits=plan.fits)  # fmt: skip
     if not plan.fits:
         raise NpuUnavailable(plan.why_not)
     return plan
@@ -171,6 +174,48 @@ def cache_dir(opts: EngineOptions) -> Path:
     return Path(base) / NPU_DIR
 
 
+def loads_shared(opts: EngineOptions) -> bool:
+    """Whether the worker loads weight-shared context binaries: the model's converted folder came from
+    a bundle compiled with them, the unit is npu (they hold no CPU nodes), and this host can load them."""
+    try:
+        converted = cache_dir(opts) / cache_key(opts.model_path)
+    except OSError:  # no such file: check_gguf says so
+        return False
+    if opts.compute != "npu" or not imported_shared(converted):
+        return False
+    if (why := shared_load_refused()) is not None:
+        log.warning("npu weight-shared context binaries not used", reason=why)
+        return False
+    return True
+
+
+@dataclass(frozen=True)
+class Converted:
+    folder: Path
+    cfg: DecoderConfig
+    n_ctx: int  # the context the compiled shapes attend over
+
+
+def prepare(opts: EngineOptions, *, plan: bool, shared_weights: bool = False) -> Converted:
+    """The GGUF checked, planned (`plan`: for QNN, refused before any work when it cannot fit) and
+    converted, or NpuUnavailable with the reason: what the engine and a weight-shared compile start from."""
+    try:
+        header = check_gguf(opts.model_path)  # a truncated or inconsistent file: the reason, not a numpy error
+    except ConversionError as exc:
+        raise NpuUnavailable(str(exc)) from None
+    if plan:
+        check_fits(opts.model_path, opts.nctx, header, shared_weights=shared_weights)
+    try:
+        folder = cached_or_convert(opts.model_path, cache_dir(opts), progress=lambda m: log.info(m))
+    except ConversionError as exc:
+        raise NpuUnavailable(str(exc)) from None
+    except Exception as exc:  # e.g. a quantization gguf-py cannot dequantize: run on the CPU
+        log.exception("converting the GGUF for the NPU failed")
+        raise NpuUnavailable(f"the GGUF could not be converted: {type(exc).__name__}: {exc}") from None
+    cfg = DecoderConfig.load(folder)
+    return Converted(folder, cfg, max(2, min(npu_plan.npu_nctx(opts.nctx), cfg.n_ctx_train)))
+
+
 class NpuChatEngine(VocabTokens):
     name = "llama_npu"
     serves = (Generate, CountTokens, Logits)  # Logits only to refuse them by name
@@ -186,30 +231,18 @@ class NpuChatEngine(VocabTokens):
             devices, why = npu_devices()
             if why is not None:
                 raise NpuUnavailable(why)
-        try:
-            header = check_gguf(opts.model_path)  # a truncated or inconsistent file: the reason, not a numpy error
-        except ConversionError as exc:
-            raise NpuUnavailable(str(exc)) from None
-        if not cpu_threads:
-            check_fits(opts.model_path, opts.nctx, header)
-        try:
-            folder = cached_or_convert(opts.model_path, cache_dir(opts), progress=lambda m: log.info(m))
-        except ConversionError as exc:
-            raise NpuUnavailable(str(exc)) from None
-        except Exception as exc:  # e.g. a quantization gguf-py cannot dequantize: run on the CPU
-            log.exception("converting the GGUF for the NPU failed")
-            raise NpuUnavailable(f"the GGUF could not be converted: {type(exc).__name__}: {exc}") from None
-        self.cfg = DecoderConfig.load(folder)
-        self.folder = folder
+        self.shared_weights = bool(devices) and loads_shared(opts)
+        converted = prepare(opts, plan=bool(devices), shared_weights=self.shared_weights)
+        folder = self.folder = converted.folder
+        self.cfg, self.n_ctx = converted.cfg, converted.n_ctx
         self.compute = opts.compute
-        self.n_ctx = max(2, min(npu_plan.npu_nctx(opts.nctx), self.cfg.n_ctx_train))
         self.builds: list[tuple[str, float, bool]] = []
         profile_dir = tempfile.mkdtemp(prefix="geniex-npu-") if opts.compute == "hybrid" and devices else None
         self.provider = QNN if devices else CPU
         factory: SessionFactory = qnn_session_factory(
             devices, qnn_options(opts.npu_performance), opts.threads or 2, cpu_fallback=opts.compute == "hybrid",
             on_build=lambda label, secs, warm: self.builds.append((label, secs, warm)), profile_dir=profile_dir,
-            spinning=spinning_at_start(opts.npu_spinning),
+            spinning=spinning_at_start(opts.npu_spinning), shared=self.shared_weights,
         ) if devices else cpu_session_factory(cpu_threads)  # fmt: skip
         try:
             self.decoder = Decoder(folder, self.cfg, self.n_ctx, factory)
@@ -244,7 +277,8 @@ class NpuChatEngine(VocabTokens):
         self._piece_buf = ctypes.create_string_buffer(256)
         self.load_seconds = time.perf_counter() - t0
         log.info("npu chat model loaded", folder=str(folder), compute=self.compute, n_ctx=self.n_ctx,
-                 nodes=self.provider_nodes, weights=self.cfg.quantization, seconds=round(self.load_seconds, 2))  # fmt: skip
+                 nodes=self.provider_nodes, weights=self.cfg.quantization, shared_weights=self.shared_weights,
+                 seconds=round(self.load_seconds, 2))  # fmt: skip
 
     def _probe_providers(self, profile_dir: str | None) -> dict[str, int]:
         """Nodes per provider. With CPU fallback disabled onnxruntime has already refused anything
