@@ -27,7 +27,8 @@ inputs into its own tensors either way. Where binding fails, the decoder falls b
 
 On QNN each shape of each part is compiled once and kept as a context binary (an EPContext model)
 under the converted folder, named after the part's graph, so a later load skips the 10+ s graph
-finalisation.
+finalisation. A model imported from a weight-shared bundle (shared.py) has instead one binary per part
+holding both shapes' graphs and the weights once; its two sessions load it sharing one QNN context.
 """
 
 from __future__ import annotations
