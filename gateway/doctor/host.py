@@ -22,6 +22,7 @@ from pathlib import Path
 
 from protocol import npu_plan, qnn
 from protocol.doctor import Check
+from protocol.power import battery_state
 
 FASTRPC_GROUP = "fastrpc"
 DROP_IN = "deploy/geniex-npu.conf"
@@ -237,7 +238,7 @@ def gpu_drivers(root: Path) -> Check:
 
 def host_facts(root: Path) -> dict[str, str]:
     os_release = dict(re.findall(r'^(\w+)="?([^"\n]*)"?$', _read(root / "etc/os-release"), re.M))
-    on_battery = _on_battery(root / "sys/class/power_supply")
+    on_battery = battery_state(root / "sys/class/power_supply")
     return {
         "os": os_release.get("PRETTY_NAME") or platform.platform(),
         "kernel": platform.release(),
@@ -247,10 +248,3 @@ def host_facts(root: Path) -> dict[str, str]:
         if on_battery is not None
         else "mains (no battery)",
     }
-
-
-def _on_battery(supplies: Path) -> bool | None:
-    kinds = {p: _read(p / "type") for p in supplies.glob("*")}
-    if "Battery" not in kinds.values():
-        return None
-    return not any(kind == "Mains" and _read(p / "online") == "1" for p, kind in kinds.items())

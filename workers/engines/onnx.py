@@ -39,6 +39,7 @@ import structlog
 from tokenizers import Tokenizer
 
 from protocol import qnn
+from protocol.power import POWER_SUPPLIES, on_battery
 from protocol.wire import PROTOCOL_VERSION, Embed, ErrorKind, Ready, Rerank
 from workers.embedding_jobs import (
     EmbeddingQueue,
@@ -131,28 +132,6 @@ def qnn_options(performance: str = "auto") -> dict[str, str]:
     return options
 
 
-POWER_SUPPLIES = Path("/sys/class/power_supply")  # Linux's power_supply class
-
-
-def on_battery(power_supplies: Path = POWER_SUPPLIES) -> bool:
-    """Whether this machine runs from its battery: it has one and no mains supply is online (Linux's
-    power_supply class). Where the class is absent (Windows on Arm) psutil asks the OS. A desktop
-    has no battery, and a machine that cannot tell counts as on mains."""
-    if not power_supplies.is_dir():
-        return _os_on_battery()
-    kinds = {p: _read(p / "type") for p in power_supplies.glob("*")}
-    on_mains = any(kind == "Mains" and _read(p / "online") == "1" for p, kind in kinds.items())
-    return "Battery" in kinds.values() and not on_mains
-
-
-def _os_on_battery() -> bool:
-    try:
-        battery = psutil.sensors_battery()
-    except (AttributeError, OSError, RuntimeError):  # a platform psutil has no battery sensor for
-        return False
-    return battery is not None and battery.power_plugged is False  # None: the OS cannot tell
-
-
 def performance_mode(setting: str, power_supplies: Path = POWER_SUPPLIES) -> str:
     """`auto` resolved by the power source: `balanced` on battery, else `burst`; any other setting as it is."""
     if setting != "auto":
@@ -183,13 +162,6 @@ def allow_spinning(so: ort.SessionOptions, spin: bool) -> None:
     value = "1" if spin else "0"
     so.add_session_config_entry("session.intra_op.allow_spinning", value)
     so.add_session_config_entry("session.inter_op.allow_spinning", value)
-
-
-def _read(path: Path) -> str:
-    try:
-        return path.read_text().strip()
-    except OSError:
-        return ""
 
 
 def skel_library_dir() -> str | None:
