@@ -39,7 +39,7 @@ import httpx
 import openai
 import psutil
 
-from bench.launcher import Server, _die_with_us
+from bench.launcher import Server, _die_with_us, end
 from bench.stats import med, pct, summary
 
 DEFAULT_MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct:Q4_1"
@@ -519,13 +519,7 @@ class RefServer:
         raise RuntimeError("the reference app did not start")
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        end(self.proc, 10)
 
 
 async def health_phase(args: argparse.Namespace, base_url: str, c: openai.AsyncOpenAI) -> dict[str, Any]:

@@ -60,6 +60,7 @@ import openai
 import psutil
 
 from bench.gpu import VULKAN_PYTHON
+from bench.launcher import end
 from bench.stats import med, summary
 from protocol import qnn
 from tests.server_proc import ServerProcess, free_port
@@ -584,12 +585,7 @@ def llama_server(exe: str, gguf: str, args: argparse.Namespace, log_dir: Path) -
             raise TimeoutError("llama-server not healthy in 600 s")
         yield base
     finally:
-        proc.terminate()
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        end(proc, 30)
         logf.close()
 
 

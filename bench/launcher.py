@@ -18,6 +18,7 @@ import sys
 import time
 from datetime import datetime
 from pathlib import Path
+from typing import Any
 
 import httpx
 import psutil
@@ -26,6 +27,7 @@ REPO = Path(__file__).resolve().parent.parent
 PR_SET_PDEATHSIG = 1
 _LIVE: set[Server] = set()
 
+_prctl: Any
 try:
     _prctl = ctypes.CDLL(None, use_errno=True).prctl  # resolved here, not in the forked child
 except (OSError, AttributeError):
@@ -43,6 +45,18 @@ def stop_all(timeout: float = 10.0) -> None:
     """No server outlives the benchmark (an exception, Ctrl-C, the SIGTERM handler)."""
     for srv in list(_LIVE):
         srv.stop(timeout=timeout)
+
+
+def end(proc: subprocess.Popen[Any], timeout: float) -> int:
+    """SIGTERM, then SIGKILL after `timeout`: a process that will not drain still goes."""
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    return proc.returncode
 
 
 def free_port() -> int:
@@ -116,10 +130,11 @@ class Server:
         try:
             gw = psutil.Process(self.proc.pid)
             kids = gw.children(recursive=True)
-            out = {"gateway": gw.memory_info().rss, "workers": {}}
+            workers: dict[int, int] = {}
+            out = {"gateway": gw.memory_info().rss, "workers": workers}
             for k in kids:
                 try:
-                    out["workers"][k.pid] = k.memory_info().rss
+                    workers[k.pid] = k.memory_info().rss
                 except psutil.Error:
                     pass
             return out
@@ -128,13 +143,7 @@ class Server:
 
     def stop(self, timeout: float = 30.0) -> int | None:
         _LIVE.discard(self)
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        code = end(self.proc, timeout)
         if not self._log.closed:
             self._log.close()
-        return self.proc.returncode
+        return code

@@ -80,7 +80,7 @@ import openai
 import psutil
 
 from bench.contention import Hogs
-from bench.launcher import Server, free_port
+from bench.launcher import Server, end, free_port
 from bench.stats import pct
 
 MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct:Q4_1"
@@ -111,12 +111,7 @@ async def http_mcp_server() -> AsyncIterator[str]:
                 await asyncio.sleep(0.05)
         yield f"http://127.0.0.1:{port}/mcp"
     finally:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        end(proc, 10)
 
 
 def mcp_seconds(metrics: str, label: str) -> tuple[float, int]:
