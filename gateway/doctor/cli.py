@@ -21,6 +21,16 @@ def _units(value: str) -> set[str]:
     return chosen
 
 
+def _seconds(value: str) -> float:
+    try:
+        s = float(value)
+    except ValueError:
+        s = float("nan")
+    if not 1 <= s <= 3600:  # nan fails too
+        raise argparse.ArgumentTypeError("seconds from 1 to 3600")
+    return s
+
+
 def add_doctor_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("doctor", help="whether this server can use each compute unit (CPU, GPU, NPU), and if not why")
     p.add_argument("--json", action="store_true", help="print the report as JSON (for tools)")
@@ -30,7 +40,7 @@ def add_doctor_command(sub: argparse._SubParsersAction[argparse.ArgumentParser])
                    help="exit 1 unless each of these units is usable (e.g. --require npu)")  # fmt: skip
     p.add_argument("--unit", nargs="?", const=SERVICE, metavar="SERVICE",
                    help=f"also run the checks inside the systemd unit's sandbox (default {SERVICE}; needs root)")  # fmt: skip
-    p.add_argument("--timeout", type=float, default=PROBE_TIMEOUT_S, metavar="S",
+    p.add_argument("--timeout", type=_seconds, default=PROBE_TIMEOUT_S, metavar="S",
                    help=f"seconds before an engine probe is called hung (default {PROBE_TIMEOUT_S:g}; "
                    f"the NPU's {QNN_TIMEOUT_S:g})")  # fmt: skip
     p.add_argument("--in-sandbox", default="", help=argparse.SUPPRESS)  # set by --unit for the inner run

@@ -207,3 +207,12 @@ def test_what_the_sandbox_changes_is_said() -> None:
     )
     assert "npu.fastrpc_nodes: ok outside, fail inside" in differences(outside, inside)
     assert "came out as it did" in differences(inside, inside)
+
+
+@pytest.mark.parametrize("value", ["0", "-5", "nan", "inf", "1e9", "soon"])
+def test_a_probe_bound_out_of_range_is_a_usage_error(value: str, capsys: pytest.CaptureFixture[str]) -> None:
+    from gateway import cli
+
+    with pytest.raises(SystemExit) as done:
+        cli.main(["doctor", "--timeout", value])
+    assert done.value.code == 2 and "seconds from 1 to 3600" in capsys.readouterr().err
