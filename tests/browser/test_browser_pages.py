@@ -180,8 +180,10 @@ def test_reasoning_goes_into_a_collapsible_block(web: Browsing, chat: Any) -> No
     chat.click("#new-chat")
     chat.evaluate("document.querySelector('details.more').open = true")
     chat.check("#reasoning")
-    grammar = "root ::= " + json.dumps("<think>The user greets me.</think>Hello there!")
-    answer = send(chat, "Hi!", 32, json.dumps({"grammar_string": grammar}))
+    text = "<think>The user greets me.</think>Hello there!"
+    grammar = "root ::= " + json.dumps(text)
+    # Sampled tokens under a grammar may be a byte each, so the budget is the text's bytes, not a guess.
+    answer = send(chat, "Hi!", len(text.encode()) + 8, json.dumps({"grammar_string": grammar}))
     expect(answer).to_have_attribute("data-state", "done", timeout=LONG)
     chat.uncheck("#reasoning")
     reasoning = answer.locator("details.reasoning")
