@@ -27,6 +27,7 @@ from pathlib import Path
 import msgspec
 
 from protocol import qnn
+from protocol.npu_cache import cache_key
 
 BUNDLE_FILE = "bundle.json"
 GRAPHS_DIR = "npu"
@@ -135,4 +136,18 @@ def imported_shared(converted: Path) -> bool:
     try:
         return msgspec.json.decode((converted / BUNDLE_FILE).read_bytes(), type=Bundle).shared_weights
     except (OSError, msgspec.DecodeError):
+        return False
+
+
+def serves_shared(npu_cache: Path, gguf_path: str, compute: str) -> bool:
+    """Whether the NPU chat worker for this GGUF on `compute` loads weight-shared context binaries:
+    its converted folder in `npu_cache` came from a bundle compiled with them, the unit is npu (they
+    hold no CPU nodes) and this host can load them. The worker's load, the gateway's plan check and
+    its memory estimate ask this one question, so that they agree on how many copies of the weights
+    the NPU holds."""
+    if compute != "npu" or shared_load_refused() is not None:
+        return False
+    try:
+        return imported_shared(npu_cache / cache_key(gguf_path))
+    except OSError:  # no such file: the worker's check_gguf says so
         return False

@@ -36,6 +36,7 @@ from gateway.supervisor.memory import trained_context, worker_engine
 from gateway.supervisor.pool import WorkerPool
 from protocol.chat import ChatMessage
 from protocol.limits import MAX_PROMPT_CHARS_PER_TOKEN
+from protocol.npu_cache import NPU_DIR
 from protocol.wire import ImageInput
 
 
@@ -129,8 +130,10 @@ class Services:
         check_prompt_chars(prompt_chars, key.nctx)
         requested = compute or self.settings.compute
         strict = bool(requested) and not (self.settings.compute_fallback if fallback is None else fallback)
-        if strict and requested and (why := why_not_exactly(requested, worker_engine(entry), entry.path, key.nctx)):
-            raise BadRequest(why)
+        if strict and requested:
+            npu_cache = self.settings.data_dir / NPU_DIR  # where an imported bundle's graphs are
+            if why := why_not_exactly(requested, worker_engine(entry), entry.path, key.nctx, npu_cache):
+                raise BadRequest(why)
         worker = await within(self.pool.get(key, entry, claim=claim))  # no longer than the request's deadline
         if strict and worker.ready_info is not None and worker.ready_info.fallback:
             if claim:

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import functools
 import struct
+from pathlib import Path
 
 import structlog
 
 from protocol import engines, npu_plan, qnn
 from protocol.gguf_header import npu_shape
+from protocol.npu_bundle import serves_shared
 from protocol.wire import Device, Ready
 
 log = structlog.get_logger("gateway.supervisor.compute")
@@ -89,11 +91,12 @@ def choose(requested: str | None, engine: str) -> tuple[str, str | None]:
     return "cpu", f"engine {engine} has no {unit} support here"
 
 
-def why_not_exactly(requested: str, engine: str, model_path: str, nctx: int | None) -> str | None:
+def why_not_exactly(requested: str, engine: str, model_path: str, nctx: int | None, npu_cache: Path) -> str | None:
     """Why `requested` cannot be had as asked, for a request that allows no fallback (None: it can,
     as far as the gateway can tell before a load; a worker that falls back after it says why in its
     Ready). An NPU chat model that cannot fit the SoC is refused here, naming its size and the limit,
-    before anything is converted or compiled."""
+    before anything is converted or compiled; one imported from a weight-shared bundle (in
+    `npu_cache`, the workers' converted graphs) is planned with its weights once, as its worker loads it."""
     unit, why = choose(requested, engine)
     if why is not None:
         return f"`compute`: {requested} is not available for this model: {why}"
@@ -101,7 +104,8 @@ def why_not_exactly(requested: str, engine: str, model_path: str, nctx: int | No
         return f"`compute`: {requested} is not available for this model: {no_npu}"
     if unit in ("npu", "hybrid") and engines.info(engine).npu == "llama_npu" and not has_htp(engine):
         try:
-            plan, _how = npu_plan.plan_here(npu_shape(model_path), nctx)
+            shared = serves_shared(npu_cache, model_path, unit)
+            plan, _how = npu_plan.plan_here(npu_shape(model_path), nctx, shared_weights=shared)
         except (OSError, ValueError, KeyError, struct.error) as exc:
             return f"`compute`: {requested}: the model's GGUF header cannot be read ({exc})"
         if not plan.fits:

@@ -191,13 +191,15 @@ NPU_SESSION_FACTOR = 1.5
 NPU_SESSIONS = 2
 
 
-def npu_chat_bytes(path: str, nctx: int) -> int:
+def npu_chat_bytes(path: str, nctx: int, *, shared_weights: bool = False) -> int:
     """The NPU chat worker (workers/engines/npu): the 4-bit weights the NPU plan counts
-    (protocol/npu_plan.py), in each of its QNN sessions, the QNN runtime, and its fp32 KV buffer."""
+    (protocol/npu_plan.py), in each of its QNN sessions (`shared_weights`: once, the sessions load
+    one weight-shared context binary), the QNN runtime, and its fp32 KV buffer."""
     try:
         shape = npu_shape(path)
     except (OSError, ValueError, KeyError, struct.error):
         return WORKER_OVERHEAD + NPU_RUNTIME_BYTES
     weights = sum(p.weight_bytes for p in npu_plan.split(shape))
     kv = 2 * shape.kv_bytes(npu_plan.npu_nctx(nctx))  # fp32 on the host: twice the fp16 the plan counts
-    return int(weights * NPU_SESSION_FACTOR * NPU_SESSIONS) + NPU_RUNTIME_BYTES + kv + WORKER_OVERHEAD
+    sessions = 1 if shared_weights else NPU_SESSIONS
+    return int(weights * NPU_SESSION_FACTOR * sessions) + NPU_RUNTIME_BYTES + kv + WORKER_OVERHEAD

@@ -45,6 +45,7 @@ from gateway.supervisor.states import State
 from protocol import engines, kv_cache
 from protocol.keys import WorkerKey
 from protocol.limits import MAX_DRAFT_MODELS
+from protocol.npu_bundle import serves_shared
 from protocol.npu_cache import NPU_DIR
 from protocol.wire import PROMPT_CACHE_DIR, Device
 from protocol.worker_args import WorkerArgs
@@ -238,7 +239,8 @@ class WorkerPool:
         model_bytes = estimate_worker_bytes(entry.path, kv_tokens, *kv_types)  # weights and KV cache
         need = model_bytes + (cache_mb << 20) + row.working_bytes
         if row.memory == "npu_graph":  # the ONNX graph, its QNN sessions and their KV buffer, not llama.cpp's
-            need = npu_chat_bytes(entry.path, key.nctx)
+            shared = serves_shared(s.data_dir / NPU_DIR, entry.path, key.compute)
+            need = npu_chat_bytes(entry.path, key.nctx, shared_weights=shared)
         if entry.mmproj and row.projector and row.memory == "gguf":  # a vision model's projector loads beside it
             need += file_bytes(entry.mmproj)
         device = offload_device(devices(engine), key.compute) if row.memory == "gguf" else None

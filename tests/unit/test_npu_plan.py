@@ -53,6 +53,41 @@ def test_the_workers_plan_counts_the_weights_once_where_its_binaries_share_them(
         check_fits(gguf_3b, 1024)
 
 
+def test_the_gateway_plans_and_counts_an_imported_shared_bundle_as_its_worker_loads_it(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """A 3B model imported from a weight-shared bundle: a no-fallback npu request is not refused as
+    too big, and the memory estimate holds its weights once; on hybrid (unshared) it is refused."""
+    import msgspec
+
+    from gateway.supervisor.compute import why_not_exactly
+    from gateway.supervisor.memory import npu_chat_bytes
+    from protocol import qnn
+    from protocol.npu_bundle import BUNDLE_FILE, Bundle, serves_shared
+    from protocol.npu_cache import cache_key
+
+    monkeypatch.setattr(qnn, "is_simulated", lambda: False)  # a Snapdragon, which loads shared binaries
+    monkeypatch.setattr(qnn, "_installed", lambda: True)
+    gguf_3b = str(_header_only_gguf(tmp_path / "3b.gguf", LLAMA_3B))
+    npu_cache = tmp_path / "npu"
+    assert "does not fit this NPU" in str(why_not_exactly("npu", "llama_cpp", gguf_3b, 1024, npu_cache))
+    unshared_bytes = npu_chat_bytes(gguf_3b, 1024)
+
+    converted = npu_cache / cache_key(gguf_3b)
+    converted.mkdir(parents=True)
+    bundle = Bundle(model="o/r:Q4_0", gguf="3b.gguf", soc="x-elite", qnn_version="2.7.0", converter_version=3,
+                    nctx=1024, files=[], shared_weights=True)  # fmt: skip
+    (converted / BUNDLE_FILE).write_bytes(msgspec.json.encode(bundle))
+    assert serves_shared(npu_cache, gguf_3b, "npu") and not serves_shared(npu_cache, gguf_3b, "hybrid")
+    assert why_not_exactly("npu", "llama_cpp", gguf_3b, 1024, npu_cache) is None
+    assert "does not fit this NPU" in str(why_not_exactly("hybrid", "llama_cpp", gguf_3b, 1024, npu_cache))
+    weights = sum(p.weight_bytes for p in split(LLAMA_3B))
+    shared_bytes = npu_chat_bytes(gguf_3b, 1024, shared_weights=True)
+    assert unshared_bytes - shared_bytes == int(weights * 1.5 * 2) - int(weights * 1.5)
+    monkeypatch.setattr(qnn, "is_simulated", lambda: True)  # the simulator would crash loading them
+    assert not serves_shared(npu_cache, gguf_3b, "npu")
+
+
 def test_parts_cover_every_layer_once_and_the_head_last() -> None:
     for limit in (10**12, 700_000_000, 200_000_000, 1):
         parts = split(LLAMA_1B, limit)

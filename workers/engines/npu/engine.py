@@ -34,7 +34,7 @@ import structlog
 
 from protocol import npu_plan
 from protocol.gguf_header import Header, npu_shape
-from protocol.npu_bundle import imported_shared, shared_load_refused
+from protocol.npu_bundle import imported_shared, serves_shared, shared_load_refused
 from protocol.npu_cache import NPU_DIR, cache_key
 from protocol.wire import (
     PROTOCOL_VERSION,
@@ -175,18 +175,17 @@ def cache_dir(opts: EngineOptions) -> Path:
 
 
 def loads_shared(opts: EngineOptions) -> bool:
-    """Whether the worker loads weight-shared context binaries: the model's converted folder came from
-    a bundle compiled with them, the unit is npu (they hold no CPU nodes), and this host can load them."""
-    try:
-        converted = cache_dir(opts) / cache_key(opts.model_path)
-    except OSError:  # no such file: check_gguf says so
+    """Whether the worker loads weight-shared context binaries (protocol/npu_bundle.serves_shared);
+    a shared bundle this host cannot load is said in the log, and compiled unshared instead."""
+    folder = cache_dir(opts)
+    if opts.compute == "npu" and (why := shared_load_refused()) is not None:
+        try:
+            if imported_shared(folder / cache_key(opts.model_path)):
+                log.warning("npu weight-shared context binaries not used", reason=why)
+        except OSError:
+            pass
         return False
-    if opts.compute != "npu" or not imported_shared(converted):
-        return False
-    if (why := shared_load_refused()) is not None:
-        log.warning("npu weight-shared context binaries not used", reason=why)
-        return False
-    return True
+    return serves_shared(folder, opts.model_path, opts.compute)
 
 
 @dataclass(frozen=True)
