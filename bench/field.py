@@ -63,6 +63,7 @@ from bench.gpu import VULKAN_PYTHON
 from bench.launcher import end
 from bench.stats import med, summary
 from protocol import qnn
+from protocol.power import EnergyCounter, PowerProbe, battery_watts, find_power, power_supplies
 from tests.server_proc import ServerProcess, free_port
 
 # bench.bench and bench.kv_types are not type-clean (`make check` runs mypy on gateway, workers and
@@ -140,72 +141,11 @@ class Plan:
 # ---- power: RAPL and the battery, read from sysfs (root is a parameter so tests can fake it) ---------
 
 
-@dataclass
-class RaplZone:
-    name: str  # package-0, psys, ...
-    energy: Path  # energy_uj
-    max_uj: int  # the counter wraps at max_energy_range_uj
-
-
-@dataclass
-class PowerProbe:
-    """What this machine reports about power, and why not where it does not."""
-
-    rapl: list[RaplZone] = field(default_factory=list)
-    batteries: list[Path] = field(default_factory=list)  # discharging batteries only: while charging
-    notes: list[str] = field(default_factory=list)  # their power is not the machine's draw
-
-    @property
-    def readable(self) -> bool:
-        return bool(self.rapl or self.batteries)
-
-
 def _read(path: Path) -> str | None:
     try:
         return path.read_text(errors="replace").strip().strip("\x00")
     except OSError:
         return None
-
-
-def _int(path: Path) -> int | None:
-    text = _read(path)
-    try:
-        return int(text) if text else None
-    except ValueError:
-        return None
-
-
-def rapl_zones(root: Path) -> tuple[list[RaplZone], str | None]:
-    """The top-level RAPL zones (intel-rapl:N; AMD's driver uses the same names), or why there are none.
-
-    Sub-zones (intel-rapl:0:0, the cores) are inside their package, and intel-rapl-mmio mirrors the
-    package through MMIO: reading them too would count the same joules twice.
-    """
-    base = root / "sys" / "class" / "powercap"
-    dirs = sorted(p for p in base.glob("*rapl*:*") if re.fullmatch(r"[a-z-]*rapl:\d+", p.name) and "mmio" not in p.name)
-    if not dirs:
-        return [], "no RAPL counters (/sys/class/powercap/intel-rapl:* absent: not Linux on Intel/AMD, or a VM)"
-    zones, unreadable = [], []
-    for d in dirs:
-        try:
-            int((d / "energy_uj").read_text())
-        except (OSError, ValueError):  # PermissionError above all: root-only since CVE-2020-8694
-            unreadable.append(d.name)
-            continue
-        zones.append(RaplZone(_read(d / "name") or d.name, d / "energy_uj", _int(d / "max_energy_range_uj") or 0))
-    if not zones:
-        return [], (f"RAPL counters present ({', '.join(unreadable)}) but unreadable by this user: energy_uj is "
-                    "root-only on most kernels since 2020 (run as root, or `sudo chmod a+r "
-                    "/sys/class/powercap/intel-rapl:*/energy_uj` for this boot)")  # fmt: skip
-    return zones, None
-
-
-def power_supplies(root: Path) -> dict[str, dict[str, str]]:
-    """/sys/class/power_supply/*: each supply's type, status, online (what is there of them)."""
-    out = {}
-    for d in sorted((root / "sys" / "class" / "power_supply").glob("*")):
-        out[d.name] = {k: v for k in ("type", "status", "online") if (v := _read(d / k)) is not None}
-    return out
 
 
 def power_source(root: Path) -> str:
@@ -228,43 +168,9 @@ def power_source(root: Path) -> str:
     return "unknown (no power supply reported: a desktop or a VM)"
 
 
-def battery_watts(d: Path) -> float | None:
-    """One battery's draw in W: power_now (µW), else current_now (µA) x voltage_now (µV)."""
-    p = _int(d / "power_now")
-    if p is not None:
-        return abs(p) / 1e6
-    c, v = _int(d / "current_now"), _int(d / "voltage_now")
-    if c is not None and v is not None:
-        return abs(c) * v / 1e12
-    return None
-
-
-def find_power(root: Path = Path("/")) -> PowerProbe:
-    probe = PowerProbe()
-    if platform.system() != "Linux" and root == Path("/"):
-        probe.notes.append(f"not reported by this OS ({platform.system()}): no RAPL or battery power that a "
-                           "user process can read")  # fmt: skip
-        return probe
-    probe.rapl, why = rapl_zones(root)
-    if why:
-        probe.notes.append(why)
-    supplies = power_supplies(root)
-    bats = [root / "sys" / "class" / "power_supply" / n for n, s in supplies.items() if s.get("type") == "Battery"]
-    if not bats:
-        probe.notes.append("no battery (/sys/class/power_supply has none)")
-    for b in bats:
-        if supplies[b.name].get("status") != "Discharging":
-            probe.notes.append(f"battery {b.name} is {supplies[b.name].get('status', '?').lower()}, not "
-                               "discharging: its power is not the machine's draw (unplug to measure it)")  # fmt: skip
-        elif battery_watts(b) is None:
-            probe.notes.append(f"battery {b.name} reports neither power_now nor current_now and voltage_now")
-        else:
-            probe.batteries.append(b)
-    return probe
-
-
 class PowerMeter:
-    """Joules and mean watts over one window: RAPL counters read at both ends (one wrap handled),
+    """Joules and mean watts over one window: RAPL counters read at both ends (protocol/power.py's
+    EnergyCounter: one wrap handled),
     the battery sampled every `interval` s by a thread (its reading is an average the firmware
     updates every few seconds, so short windows see a stale figure)."""
 
@@ -285,7 +191,7 @@ class PowerMeter:
                 return
 
     def __enter__(self) -> PowerMeter:
-        self._start = {z.name: _int(z.energy) for z in self.probe.rapl}
+        self._rapl = EnergyCounter(PowerProbe(rapl=self.probe.rapl)) if self.probe.rapl else None
         if self.probe.batteries:
             self._thread = threading.Thread(target=self._sample, daemon=True)
             self._thread.start()
@@ -298,14 +204,8 @@ class PowerMeter:
         if self._thread is not None:
             self._thread.join()
         out: dict[str, Any] = {"seconds": round(seconds, 3)}
-        joules = 0.0
-        for z in self.probe.rapl:
-            a, b = self._start.get(z.name), _int(z.energy)
-            if a is None or b is None:
-                continue
-            delta = b - a if b >= a else b + z.max_uj - a
-            joules += delta / 1e6
-        if self.probe.rapl:
+        if self._rapl is not None:
+            joules = self._rapl.read() or 0.0
             out["rapl_j"] = round(joules, 3)
             out["rapl_w"] = round(joules / seconds, 2) if seconds > 0 else None
         if self.samples:
@@ -928,7 +828,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     t_start = time.perf_counter()
     waited = await asyncio.to_thread(_bench.wait_until_idle, args.wait_idle) if args.wait_idle > 0 else 0.0
     plan = make_plan(args)
-    power = find_power()
+    power = find_power(Path("/"))
     for note in power.notes:
         plan.skip("power", note)
     report: dict[str, Any] = {

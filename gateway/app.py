@@ -23,6 +23,8 @@ from litestar.types import ControllerRouterHandler
 
 from gateway.dialects.anthropic import routes as messages
 from gateway.dialects.geniex import events, health, mcp, openapi, ops, pull, tokens
+from gateway.dialects.mcp.routes import McpEndpoint
+from gateway.dialects.mcp.routes import route as mcp_server_route
 from gateway.dialects.ollama import routes as ollama
 from gateway.dialects.openai import (
     chat,
@@ -38,7 +40,7 @@ from gateway.dialects.openai import (
 )
 from gateway.dialects.realtime import routes as realtime
 from gateway.dialects.responses import routes as responses
-from gateway.dialects.responses.store import ResponseStore
+from gateway.dialects.responses.state import ResponsesState
 from gateway.errors import GenieXError
 from gateway.http.auth import ApiKeyAuth
 from gateway.http.deadline import DeadlineMiddleware
@@ -52,6 +54,7 @@ from gateway.mcp import config as mcp_config
 from gateway.mcp.hub import Hub
 from gateway.models.models_file import ModelsFile
 from gateway.models.store import ModelStore
+from gateway.ops.energy import EnergyMeter
 from gateway.ops.keys import KeyFileError, KeyRing
 from gateway.ops.ledger import Ledger
 from gateway.ops.limits import KeyLimiter
@@ -172,6 +175,8 @@ def create_app(settings: Settings, lifecycle: Lifecycle | None = None, keys: Key
     keys = keys or KeyRing(settings.api_keys, settings.api_key_file)
     mcp_servers = mcp_config.load(settings.mcp_config)  # McpConfigError: the CLI names the file and stops
     limiter = KeyLimiter()
+    responses_state = ResponsesState(settings, lifecycle)  # stored responses, background ones
+    mcp_server = McpEndpoint()  # /mcp: this server's models as MCP tools
 
     @asynccontextmanager
     async def resources(app: Litestar) -> AsyncIterator[None]:
@@ -188,11 +193,13 @@ def create_app(settings: Settings, lifecycle: Lifecycle | None = None, keys: Key
         ledger = Ledger(settings.data_dir)
         hub = Hub(mcp_servers, call_timeout_s=settings.mcp_call_timeout_s, max_result_bytes=settings.mcp_max_result_kb << 10,
                   concurrency=settings.mcp_concurrency, on_call=metrics.mcp_call)  # fmt: skip
-        services = Services(settings, store, pool, ledger, metrics, lifecycle, limiter, models, mcp=hub)
+        energy = EnergyMeter.for_this_machine()  # each answer's share of what the machine draws, where told
+        services = Services(settings, store, pool, ledger, metrics, lifecycle, limiter, models, mcp=hub, energy=energy)
         app.state.services = services
         metrics.watch(pool, limiter, ledger)
         pool.start()
         watching = asyncio.create_task(models.watch(), name="models-file")
+        metering = asyncio.create_task(energy.run(), name="energy") if energy.enabled else None
         _reload_on_sighup(keys, models)
         systemd = Systemd()  # a no-op outside systemd
         systemd.start_watchdog()
@@ -226,6 +233,8 @@ def create_app(settings: Settings, lifecycle: Lifecycle | None = None, keys: Key
             services.pulls.cancel_all()
             await hub.close()  # stdio servers stop with the gateway
             watching.cancel()
+            if metering is not None:
+                metering.cancel()
             lifecycle.ready = False
             systemd.stopping()
             try:
@@ -246,8 +255,9 @@ def create_app(settings: Settings, lifecycle: Lifecycle | None = None, keys: Key
         route_handlers=[
             *chat.handlers,
             *messages.handlers,
-            responses.router(ResponseStore()),
+            responses.router(responses_state),
             *mcp.handlers,
+            mcp_server_route(mcp_server),
             *completions.handlers,
             *logits.handlers,
             *embeddings.handlers,
@@ -270,7 +280,8 @@ def create_app(settings: Settings, lifecycle: Lifecycle | None = None, keys: Key
             "services": Provide(provide_services, sync_to_thread=False),
             "lifecycle": Provide(lambda: lifecycle, sync_to_thread=False),
         },
-        lifespan=[resources],
+        # /mcp's and the stored responses' stop first: they use the resources (the pool)
+        lifespan=[resources, mcp_server.lifespan, responses_state.lifespan],
         middleware=[
             RequestIdMiddleware,
             DefineMiddleware(BrowserGuard, allowed_hosts=allowed_hosts(settings), origins=tuple(settings.origins)),

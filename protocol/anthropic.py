@@ -14,7 +14,7 @@ from typing import Annotated, Any, Literal
 import msgspec
 from msgspec import Meta
 
-from protocol.limits import MAX_MESSAGES, MAX_STOP, MAX_TOOLS, Count, PositiveInt, StopString
+from protocol.limits import MAX_MESSAGES, MAX_REASONING_BUDGET, MAX_STOP, MAX_TOOLS, Count, PositiveInt, StopString
 from protocol.overflow import Truncated, Truncation
 
 # ---- content blocks (request and response) -----------------------------------
@@ -108,8 +108,9 @@ ToolChoice = ToolChoiceAuto | ToolChoiceAny | ToolChoiceTool | ToolChoiceNone
 
 class ThinkingConfig(msgspec.Struct):
     type: Literal["enabled", "disabled", "adaptive"]
-    # Accepted as Anthropic requires it with "enabled"; not enforced (see docs/api.md).
-    budget_tokens: Count | None = None
+    # With "enabled": the most tokens the thinking section may take (docs/api.md#reasoning-budgets);
+    # absent, or "adaptive": the server's --reasoning-budget. "disabled": none.
+    budget_tokens: Annotated[int, Meta(ge=0, le=MAX_REASONING_BUDGET)] | None = None
 
 
 class OutputFormat(msgspec.Struct, tag_field="type", tag="json_schema"):
@@ -175,6 +176,7 @@ class Usage(msgspec.Struct):
     output_tokens: int
     cache_creation_input_tokens: int = 0
     cache_read_input_tokens: int = 0
+    energy_j: float | msgspec.UnsetType = msgspec.UNSET  # GenieX: the answer's share of the machine's energy
 
 
 class Message(msgspec.Struct, kw_only=True):
@@ -237,6 +239,7 @@ class MessageDeltaUsage(msgspec.Struct, omit_defaults=True):
     input_tokens: int | None = None
     cache_creation_input_tokens: int | None = None
     cache_read_input_tokens: int | None = None
+    energy_j: float | None = None  # GenieX: the answer's share of the machine's energy, where the OS reports it
 
 
 class MessageDelta(msgspec.Struct, tag_field="type", tag="message_delta"):

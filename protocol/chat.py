@@ -19,6 +19,7 @@ from protocol.limits import (
     KeepAlive,
     Layers,
     PositiveInt,
+    ReasoningBudget,
     Stop,
 )
 from protocol.overflow import Truncated, Truncation
@@ -27,6 +28,8 @@ Role = Literal["system", "developer", "user", "assistant", "tool", "function"]
 # Any case (the spec's clients send "GPU" too); resolve_compute reads it in lower case.
 Compute = Annotated[str, Meta(pattern="^(?i:cpu|gpu|npu|hybrid)$")]
 ReasoningFormat = Literal["none", "deepseek", "deepseek-legacy", "auto"]
+# OpenAI's efforts (Responses' too); gateway/chat/reasoning_budget.py says how many thinking tokens each is.
+ReasoningEffort = Literal["none", "minimal", "low", "medium", "high", "xhigh", "max"]
 
 
 class ImageURL(msgspec.Struct):
@@ -122,6 +125,10 @@ class ChatRequest(GenerationRequest, kw_only=True):
     enable_think: bool | None = None
     enable_json: bool = False
     reasoning_format: ReasoningFormat | None = None
+    # The thinking section's budget: OpenAI's effort, or an exact count of tokens (llama-server's
+    # name; -1 unlimited, 0 none), which wins; neither: the server's --reasoning-budget.
+    reasoning_effort: ReasoningEffort | None = None
+    thinking_budget_tokens: ReasoningBudget | None = None
     # Accepted so that clients sending them get a clear answer, not a silent ignore.
     tools: Annotated[list[Tool], Meta(max_length=MAX_TOOLS)] | None = None
     tool_choice: str | dict[str, Any] | None = None
@@ -186,6 +193,7 @@ class CompletionTokensDetails(msgspec.Struct):
 
     accepted_prediction_tokens: int = 0
     rejected_prediction_tokens: int = 0
+    reasoning_tokens: int = 0  # tokens of the thinking section (`<think>` to `</think>`)
 
 
 class Usage(msgspec.Struct, omit_defaults=True):
@@ -193,7 +201,9 @@ class Usage(msgspec.Struct, omit_defaults=True):
     completion_tokens: int
     total_tokens: int
     prompt_tokens_details: PromptTokensDetails | None = None  # set when a KeepCache turn reused KV
-    completion_tokens_details: CompletionTokensDetails | None = None  # set when the request speculated
+    completion_tokens_details: CompletionTokensDetails | None = None  # set when it speculated or thought
+    # GenieX: the answer's share of the machine's energy in joules, where the OS reports it (omitted elsewhere)
+    energy_j: float | None = None
 
 
 class ChatCompletion(msgspec.Struct):

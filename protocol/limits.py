@@ -19,6 +19,10 @@ Count = Annotated[int, Meta(ge=0, le=INT32_MAX)]  # zero allowed: "no limit" or 
 PositiveInt = Annotated[int, Meta(ge=1, le=INT32_MAX)]
 # `ngl`, GPU layers: a count, or -1 for all of them (as the spec's 999, or any count past the model's).
 Layers = Annotated[int, Meta(ge=-1, le=INT32_MAX)]
+# A thinking section's budget in tokens (chat's `thinking_budget_tokens`, Anthropic's `budget_tokens`):
+# -1 unlimited, 0 no thinking. No context holds a million tokens, so a larger one is a mistake (a 400).
+MAX_REASONING_BUDGET = 1 << 20
+ReasoningBudget = Annotated[int, Meta(ge=-1, le=MAX_REASONING_BUDGET)]
 # Out-of-vocabulary ids are the worker's to refuse, with the vocabulary size in the message.
 TokenId = Int32
 

@@ -146,6 +146,7 @@ class _Line(msgspec.Struct, kw_only=True, omit_defaults=True):
     prompt_eval_duration: int | None = None
     eval_count: int | None = None
     eval_duration: int | None = None
+    energy_j: float | None = None  # GenieX: the answer's share of the machine's energy, where the OS reports it
 
 
 class ChatChunk(_Line, kw_only=True, omit_defaults=True):

@@ -19,7 +19,7 @@ import msgspec
 from msgspec import Meta
 
 from protocol.chat import Compute
-from protocol.limits import MAX_MESSAGES, MAX_TOOLS, Count, KeepAlive, PositiveInt
+from protocol.limits import MAX_MESSAGES, MAX_TOOLS, Count, KeepAlive, PositiveInt, ReasoningBudget
 from protocol.overflow import Truncated, Truncation
 
 # ---- input items ---------------------------------------------------------------
@@ -219,6 +219,10 @@ MetadataValue = Annotated[str, Meta(max_length=512)]
 Metadata = Annotated[dict[Annotated[str, Meta(max_length=64)], MetadataValue], Meta(max_length=16)]
 
 
+class ConversationRef(msgspec.Struct):
+    id: Annotated[str, Meta(max_length=256)]
+
+
 class ResponsesRequest(msgspec.Struct, kw_only=True):
     model: str
     # A string is one user message; a list holds items (messages, calls, call outputs, reasoning),
@@ -250,6 +254,15 @@ class ResponsesRequest(msgspec.Struct, kw_only=True):
     # `auto`: a conversation longer than the context loses its oldest items until it fits
     # (protocol/overflow.py); `disabled`: it is a 400. Absent: the server's --truncation.
     truncation: Truncation | None = None
+    # GenieX extension, as chat's: the thinking section's budget in tokens (-1 unlimited, 0 none);
+    # it wins over `reasoning.effort` (docs/api.md#reasoning-budgets).
+    thinking_budget_tokens: ReasoningBudget | None = None
+    # Run without the client: the answer is `queued` at once and kept (it needs `store`), polled
+    # with GET, cancelled with POST .../cancel (gateway/dialects/responses/background.py).
+    background: bool = False
+    # A conversation (/v1/conversations) whose items come before `input`, and which gets this
+    # response's input and output items appended: its id, or `{"id": ...}`.
+    conversation: Annotated[str, Meta(max_length=256)] | ConversationRef | None = None
 
 
 # ---- the response --------------------------------------------------------------
@@ -347,7 +360,7 @@ InputItem = (
     | McpListTools | McpCall | McpApprovalRequest
 )  # fmt: skip
 
-Status = Literal["in_progress", "completed", "incomplete", "failed"]
+Status = Literal["queued", "in_progress", "completed", "incomplete", "failed", "cancelled"]
 
 
 class InputTokensDetails(msgspec.Struct):
@@ -367,6 +380,7 @@ class Usage(msgspec.Struct):
     output_tokens: int
     output_tokens_details: OutputTokensDetails
     total_tokens: int
+    energy_j: float | None = None  # GenieX: the answer's share of the machine's energy, where the OS reports it
 
 
 class IncompleteDetails(msgspec.Struct):
@@ -409,6 +423,8 @@ class Response(msgspec.Struct, kw_only=True):
     usage: Usage | None = None
     user: str | None = None
     metadata: dict[str, str] = msgspec.field(default_factory=dict)
+    background: bool = False
+    conversation: ConversationRef | None = None
 
 
 class Deleted(msgspec.Struct):

@@ -16,6 +16,8 @@ from typing import Any, Literal
 
 import msgspec
 
+from protocol.priority import Priority
+
 PROTOCOL_VERSION = 10
 # The data dir's folder of the chat workers' saved prompt states (workers/engines/llama/disk_cache.py).
 PROMPT_CACHE_DIR = "prompt-cache"
@@ -113,6 +115,11 @@ class Generate(msgspec.Struct, tag="generate", array_like=True, omit_defaults=Tr
     # `auto`: a conversation longer than the context loses its oldest turns until it fits
     # (protocol/overflow.py); `disabled`: it is refused (context_length_exceeded).
     truncation: Literal["disabled", "auto"] = "disabled"
+    # Tokens the thinking section (`<think>`...) may take before the engine closes it and the answer
+    # follows: -1 unlimited, 0 none (workers/engines/llama/think_budget.py).
+    reasoning_budget: int = -1
+    # interactive, normal or background (protocol/priority.py): the order of the engine's queue and steps
+    priority: Priority = "normal"
 
 
 class CountTokens(msgspec.Struct, tag="count_tokens", array_like=True, omit_defaults=True):
@@ -424,6 +431,8 @@ class Done(msgspec.Struct, tag="done", array_like=True, gc=False, omit_defaults=
     # The stop string that ended the generation ("" for any other end), for clients that report it
     # (Anthropic's `stop_sequence`).
     stop_sequence: str = ""
+    # Tokens generated inside a thinking section (0: none, or an engine that does not count them).
+    reasoning_tokens: int = 0
 
 
 class Failed(msgspec.Struct, tag="failed", array_like=True, omit_defaults=True):

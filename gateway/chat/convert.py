@@ -12,11 +12,13 @@ import msgspec
 
 from gateway.chat.constraints import bounded_schema, check_tools, constraint_of, tool_mode
 from gateway.chat.reasoning import splits_reasoning
+from gateway.chat.reasoning_budget import budget_of
 from gateway.chat.speculation import speculation_of
 from gateway.errors import BadRequest
 from gateway.models.store import ModelStore
 from protocol import overflow
 from protocol.chat import ChatMessage, ChatRequest, GenerationRequest
+from protocol.priority import Priority
 from protocol.wire import Generate, ImageInput, Sampling
 
 
@@ -209,12 +211,13 @@ def seeded(g: Generate, i: int) -> Generate:
 
 def plan_chat(req: ChatRequest, log_id: str, store: ModelStore, grammar_dirs: list[Path],
               keep_cache: bool = False, tenant: str = "", images: list[ImageInput] | None = None,
-              truncation: str = "disabled") -> ChatPlan:  # fmt: skip
+              truncation: str = "disabled", priority: Priority = "normal") -> ChatPlan:  # fmt: skip
     """Check and convert a chat request, before any model is loaded for it.
 
     `store` resolves a speculative request's draft model (`spec_draft_model`);
     `grammar_dirs` are the folders `grammar_path` may read from; `truncation` is the server's
-    default for a request without its own (`--truncation`).
+    default for a request without its own (`--truncation`); `priority` where the engine puts it
+    in its queue and steps (protocol/priority.py).
     """
     tools, forced = tool_mode(req)
     check_tools(req.tools)
@@ -224,6 +227,9 @@ def plan_chat(req: ChatRequest, log_id: str, store: ModelStore, grammar_dirs: li
     # The spec's default is true. Qwen3-style templates read `enable_thinking`; GenieX clients
     # send `enable_think`; a template that reads neither is unaffected.
     think = True if req.enable_think is None else req.enable_think
+    budget = budget_of(req)
+    if budget == 0:  # no thinking: a template that can leave the section out is told to
+        think = False
     template_vars: dict[str, Any] = {"enable_think": think, "enable_thinking": think}
     generate = Generate(
         req_id=0,
@@ -244,5 +250,7 @@ def plan_chat(req: ChatRequest, log_id: str, store: ModelStore, grammar_dirs: li
         tools=_tools(req) if req.tools and tools != "none" else None,
         images=images or [],
         truncation="auto" if (req.truncation or truncation) == "auto" else "disabled",
+        priority=priority,
+        reasoning_budget=budget,
     )
     return ChatPlan(generate, shape, req.n)

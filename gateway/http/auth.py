@@ -33,6 +33,7 @@ WEB_PREFIX = "/static/"
 CALLER = "caller"  # where the caller's label lives in the request's state
 MANAGE = "manage"  # and whether its key may manage models (set only when the server has keys)
 MCP_SERVERS = "mcp_servers"  # and the MCP servers its key may use (None: all)
+KEY_PRIORITY = "key_priority"  # and the highest priority its requests get (gateway/http/priority.py)
 
 
 # A browser cannot set headers on a WebSocket: OpenAI's Realtime clients there offer the key as a subprotocol.
@@ -116,6 +117,7 @@ class ApiKeyAuth:
         state[CALLER] = key.label
         state[MANAGE] = key.manage
         state[MCP_SERVERS] = key.mcp
+        state[KEY_PRIORITY] = key.priority
         if key.limits.timeout:
             state[KEY_TIMEOUT] = key.limits.timeout  # its own request deadline (gateway/http/deadline.py)
         structlog.contextvars.bind_contextvars(api_key=key.label)

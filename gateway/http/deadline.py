@@ -12,6 +12,7 @@ from litestar.types import ASGIApp, Receive, Scope, Send
 from gateway.supervisor import deadline
 
 UNLIMITED = frozenset({"/health", "/ready", "/metrics", "/v1/events", "/v1/models/pull", "/api/pull"})
+LIMITED = frozenset({"/mcp"})  # outside /v1/ and /api/, but each call runs a model as a route does
 KEY_TIMEOUT = "timeout_s"  # where gateway/http/auth.py leaves the key's own limit in the request's state
 
 
@@ -22,7 +23,8 @@ class DeadlineMiddleware:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         limit = (scope.get("state", {}).get(KEY_TIMEOUT) or self.default_s) if scope["type"] == "http" else 0
-        if not limit or scope["path"] in UNLIMITED or not scope["path"].startswith(("/v1/", "/api/")):
+        if not limit or scope["path"] in UNLIMITED or not (scope["path"].startswith(("/v1/", "/api/"))
+                                                           or scope["path"] in LIMITED):  # fmt: skip
             await self.app(scope, receive, send)
             return
         token = deadline.start(float(limit))

@@ -13,6 +13,8 @@
 - DNS rebinding lets a page on an attacker's domain reach 127.0.0.1 under its own host name, and
   then read the answers: the `Host` header must be one this server answers to (loopback names and
   the address it is bound to, plus `--allowed-host`), else 403.
+- `/mcp` (MCP's Streamable HTTP, whose spec requires it) refuses any request a foreign page sent,
+  whatever its type: a browser's `Origin` must be one of `--origins` or this server's own, else 403.
 """
 
 from __future__ import annotations
@@ -32,6 +34,8 @@ FORM_TYPE = b"multipart/form-data"
 # What a page may send anywhere without a preflight (Fetch's CORS-safelisted `Content-Type`s).
 SAFELISTED_TYPES = frozenset({b"text/plain", b"application/x-www-form-urlencoded", FORM_TYPE})
 FORM_PATHS = frozenset({"/v1/audio/transcriptions"})
+# MCP's Streamable HTTP transport: servers MUST check `Origin` on every request and refuse a foreign one with 403.
+ORIGIN_CHECKED_PATHS = frozenset({"/mcp"})
 
 
 def host_name(header: str) -> str:
@@ -72,6 +76,10 @@ class BrowserGuard:
         if self._foreign_host(host):
             await send_error(send, scope["path"], 403, f"this server does not answer to the host name {host[:100]!r} "
                              "(a defence against DNS rebinding); its operator can allow it with --allowed-host")  # fmt: skip
+            return
+        if scope["path"] in ORIGIN_CHECKED_PATHS and self._foreign_origin(origin := _origin(headers), host):
+            await send_error(send, scope["path"], 403, f"the web page {(origin or '')[:100]!r} may not call "
+                             f"{scope['path']}; its operator can allow the origin with --origins")  # fmt: skip
             return
         if cast("HTTPScope", scope)["method"] in WITH_BODY:
             refusal = self._body_refusal(scope["path"], headers, host)

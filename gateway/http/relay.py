@@ -54,9 +54,16 @@ class Completion:
         self.speculative = False  # report draft tokens accepted/rejected in the usage
         self.truncated: Truncated | None = None  # what `truncation: auto` dropped from the prompt
 
+    def run_on(self, worker: WorkerHandle, generations: Sequence[Generate]) -> AsyncIterator[Tagged]:
+        """Run the generations on `worker` (fan_out), noting the unit its energy is counted under."""
+        self.accounting.compute = worker.key.compute
+        return fan_out(worker, generations)
+
     def started(self, msg: Started) -> None:
-        """A choice's prompt was admitted: note what truncation dropped from it (every choice of a
-        request reads the same prompt, so the first to report it speaks for all)."""
+        """A choice's prompt was admitted: its energy counts from now (gateway/ops/energy.py), and
+        what truncation dropped from it is noted (every choice of a request reads the same prompt, so
+        the first to report it speaks for all)."""
+        self.accounting.running()
         if msg.dropped_messages and self.truncated is None:
             self.truncated = Truncated(messages=msg.dropped_messages, tokens=msg.dropped_tokens)
 
@@ -97,13 +104,17 @@ class Completion:
         cached = sum(d.cached_tokens for i, d in dones.items() if i % self.per_prompt == 0)
         details = PromptTokensDetails(cached_tokens=cached) if cached else None
         spec = None
-        if self.speculative and dones:
+        reasoning = sum(d.reasoning_tokens for d in dones.values())
+        if (self.speculative or reasoning) and dones:
             spec = CompletionTokensDetails(
                 accepted_prediction_tokens=sum(d.accepted_tokens for d in dones.values()),
                 rejected_prediction_tokens=sum(d.rejected_tokens for d in dones.values()),
+                reasoning_tokens=reasoning,
             )
+        # Its energy once every choice is done: the first ask ends its share (an extension, omitted where unknown).
+        energy = self.accounting.energy_j() if len(dones) == self.n else None
         return Usage(prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion,
-                     prompt_tokens_details=details, completion_tokens_details=spec)  # fmt: skip
+                     prompt_tokens_details=details, completion_tokens_details=spec, energy_j=energy)  # fmt: skip
 
 
 Tagged = tuple[int, Streamed]

@@ -11,12 +11,15 @@ import time
 from dataclasses import dataclass, field
 
 import structlog
+from litestar.connection import ASGIConnection
 from litestar.datastructures import State
 from litestar.di import NamedDependency
 
+from gateway.chat.reasoning_budget import with_server_budget
 from gateway.errors import BadRequest, Unsupported
 from gateway.http.lifecycle import Lifecycle
 from gateway.http.model_facts import ModelFacts
+from gateway.http.priority import priority_of
 from gateway.mcp.hub import Hub
 from gateway.media.images import chat_images
 from gateway.media.inputs import MediaLimits
@@ -25,6 +28,7 @@ from gateway.models.models_file import ModelsFile, R
 from gateway.models.pulls import Pulls
 from gateway.models.store import ModelEntry, ModelStore
 from gateway.ops.accounting import Accounting
+from gateway.ops.energy import EnergyMeter
 from gateway.ops.ledger import Ledger
 from gateway.ops.limits import KeyLimiter
 from gateway.ops.metrics import Metrics
@@ -34,9 +38,10 @@ from gateway.supervisor.deadline import within
 from gateway.supervisor.handle import WorkerHandle
 from gateway.supervisor.memory import trained_context, worker_engine
 from gateway.supervisor.pool import WorkerPool
-from protocol.chat import ChatMessage
+from protocol.chat import ChatMessage, ChatRequest
 from protocol.limits import MAX_PROMPT_CHARS_PER_TOKEN
 from protocol.npu_cache import NPU_DIR
+from protocol.priority import Priority
 from protocol.wire import ImageInput
 
 
@@ -53,6 +58,8 @@ class Services:
     models_file: ModelsFile = field(default_factory=ModelsFile)
     pulls: Pulls = field(default_factory=Pulls)  # downloads running in the server (POST /v1/models/pull, /api/pull)
     mcp: Hub = field(default_factory=lambda: Hub({}))  # `--mcp-config`'s servers, for the Responses `mcp` tool
+    # Each answer's share of the machine's energy, where the OS reports it (gateway/ops/energy.py)
+    energy: EnergyMeter = field(default_factory=lambda: EnergyMeter(None))
 
     @property
     def facts(self) -> ModelFacts:
@@ -93,8 +100,18 @@ class Services:
 
     def with_defaults(self, req: R, entry: ModelEntry) -> R:
         """`req` with the models file's defaults for `entry` in every field the request left unset
-        (sampling, stop, max_tokens, reasoning, and a system prompt when it has no system message)."""
-        return self.models_file.with_defaults(req, entry)
+        (sampling, stop, max_tokens, reasoning, and a system prompt when it has no system message),
+        then the server's own (`--reasoning-budget`)."""
+        req = self.models_file.with_defaults(req, entry)
+        if isinstance(req, ChatRequest):
+            return with_server_budget(req, self.settings.reasoning_budget)  # type: ignore[return-value]  # R is ChatRequest here
+        return req
+
+    def priority(self, request: ASGIConnection, entry: ModelEntry) -> Priority:
+        """Where the request stands in its engine's queue and steps: its `GenieX-Priority` header,
+        else the models file's default for `entry`, never above its API key's (gateway/http/priority.py)."""
+        own = self.models_file.settings_of(entry.id)
+        return priority_of(request, own.priority if own is not None else None)
 
     def accounting(self, model: str, caller: str, user: str | None) -> Accounting:
         """A request's metrics, ledger entry and tokens against its key's limits (`caller`: the API
@@ -102,11 +119,14 @@ class Services:
         timer = self.metrics.timer(model, time.perf_counter())
         ledger = self.ledger.recorder(model, caller, user)
 
-        def record(prompt_tokens: int, completion_tokens: int) -> None:
+        def record(prompt_tokens: int, completion_tokens: int, energy_j: float | None) -> None:
             self.limiter.spend(caller, prompt_tokens + completion_tokens)
-            ledger(prompt_tokens, completion_tokens)
+            ledger(prompt_tokens, completion_tokens, energy_j)
 
-        return Accounting(timer, record)
+        def count_energy(compute: str, joules: float) -> None:
+            self.metrics.answered_with(model, compute, joules)
+
+        return Accounting(timer, record, self.energy, count_energy)
 
     async def worker(self, entry: ModelEntry, *, nctx: int | None = None, compute: str | None = None,
                      ngl: int | None = None, keep_alive: float | None = None,

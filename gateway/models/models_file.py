@@ -32,6 +32,7 @@ from gateway.errors import GenieXError, ModelNotFound
 from protocol import kv_cache
 from protocol.chat import ChatMessage, ChatRequest, Compute, GenerationRequest
 from protocol.limits import Count, KeepAlive, Layers, PositiveInt, Stop
+from protocol.priority import Priority
 
 if TYPE_CHECKING:
     from gateway.models.store import ModelEntry, ModelStore
@@ -81,6 +82,7 @@ class ModelSettings(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fi
     repeat_penalty: Annotated[float, Meta(ge=0, le=100)] | None = None
     max_tokens: PositiveInt | None = None
     reasoning: bool | None = None
+    priority: Priority | None = None  # its requests' priority where neither the header nor the key says
     system: str | None = None
     stop: Stop | None = None
     # lifecycle

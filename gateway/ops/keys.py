@@ -1,7 +1,8 @@
 """API keys: who may call the server, and the name each caller goes by in the ledger and logs.
 
 Keys come from `--api-key` (repeatable) and `--api-key-file` (one key per line, an optional label
-and optional words after it, `#` comments: `KEY [LABEL] [rpm=N] [tpm=N] [concurrent=N] [manage=yes] [mcp=a,b]`),
+and optional words after it, `#` comments: `KEY [LABEL] [rpm=N] [tpm=N] [concurrent=N] [manage=yes] [mcp=a,b]
+[priority=interactive|normal|background]`),
 and the file is read again on SIGHUP. A key is never kept or logged in
 the clear beyond this object: callers are named by their label, or by a hash of the key.
 
@@ -11,6 +12,10 @@ with `--api-key` has it (whoever sets the server's flags owns it), a key-file ke
 
 The MCP servers of `--mcp-config` are a right too: a key-file key uses the servers its `mcp=`
 names (`mcp=*`: all of them), none without it; a `--api-key` key uses all.
+
+A key's `priority=` is where its requests stand against others' (protocol/priority.py): a team's
+background agent's key says `priority=background`, and its holder may lower its requests' priority
+with the `GenieX-Priority` header but not raise it above the key's.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gateway.ops.limits import Limits
+from protocol.priority import PRIORITIES
 
 MIN_KEY_CHARS = 8
 NO_LIMITS = Limits()
@@ -32,6 +38,7 @@ class KeyFileError(ValueError):
 
 MANAGE = "manage"
 MCP = "mcp"
+PRIORITY = "priority"
 ALL_SERVERS = "*"
 _YES = {"yes": True, "true": True, "no": False, "false": False}
 
@@ -43,6 +50,7 @@ class Key:
     limits: Limits = NO_LIMITS
     manage: bool = False  # may pull, delete and copy models
     mcp: frozenset[str] | None = frozenset()  # the MCP servers it may use; None: all
+    priority: str | None = None  # the highest its requests get (None: whatever they ask)
 
 
 @dataclass(frozen=True)
@@ -54,6 +62,7 @@ class KeyLine:
     limits: Limits = NO_LIMITS
     manage: bool = False
     mcp: frozenset[str] | None = frozenset()
+    priority: str | None = None
 
 
 def _digest(key: str) -> bytes:
@@ -65,7 +74,8 @@ def default_label(key: str) -> str:
 
 
 def parse_key_lines(text: str) -> list[KeyLine]:
-    """One KeyLine per line: `KEY [LABEL] [rpm=N] [tpm=N] [concurrent=N] [manage=yes|no]`; blank
+    """One KeyLine per line: `KEY [LABEL] [rpm=N] [tpm=N] [concurrent=N] [manage=yes|no] [mcp=a,b]
+    [priority=P]`; blank
     lines and `#` comments are skipped."""
     out = []
     for n, line in enumerate(text.splitlines(), 1):
@@ -78,10 +88,15 @@ def parse_key_lines(text: str) -> list[KeyLine]:
         label = rest.pop(0) if rest and "=" not in rest[0] else default_label(key)
         manage = False
         mcp: frozenset[str] | None = frozenset()
+        priority: str | None = None
         limit_words = []
         for word in rest:
             name, _, value = word.partition("=")
-            if name == MCP:
+            if name == PRIORITY:
+                if value not in PRIORITIES:
+                    raise KeyFileError(f"line {n}: {word!r}: `priority` is one of {', '.join(PRIORITIES)}")
+                priority = value
+            elif name == MCP:
                 servers = frozenset(v for v in value.split(",") if v)
                 mcp = None if ALL_SERVERS in servers else servers
             elif name != MANAGE:
@@ -93,9 +108,9 @@ def parse_key_lines(text: str) -> list[KeyLine]:
         try:
             limits = Limits.parse(limit_words)
         except ValueError as exc:
-            raise KeyFileError(f"line {n}: {exc}, manage=yes (the key may pull, delete and copy models), or mcp=a,b "
-                               "(the MCP servers it may use; * for all)") from None  # fmt: skip
-        out.append(KeyLine(key, label, limits, manage, mcp))
+            raise KeyFileError(f"line {n}: {exc}, manage=yes (the key may pull, delete and copy models), mcp=a,b "
+                               "(the MCP servers it may use; * for all), or priority=interactive|normal|background") from None  # fmt: skip
+        out.append(KeyLine(key, label, limits, manage, mcp, priority))
     return out
 
 
@@ -117,7 +132,7 @@ class KeyRing:
         lines = list(self._flag_keys)
         if self.key_file is not None:
             lines += parse_key_lines(self.key_file.read_text())
-        self.keys = [Key(_digest(k.key), k.label, k.limits, k.manage, k.mcp) for k in lines]
+        self.keys = [Key(_digest(k.key), k.label, k.limits, k.manage, k.mcp, k.priority) for k in lines]
 
     @property
     def enabled(self) -> bool:

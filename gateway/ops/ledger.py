@@ -50,16 +50,22 @@ CREATE TABLE IF NOT EXISTS usage (
     requests INTEGER NOT NULL DEFAULT 0,
     prompt_tokens INTEGER NOT NULL DEFAULT 0,
     completion_tokens INTEGER NOT NULL DEFAULT 0,
+    energy_j REAL NOT NULL DEFAULT 0,
+    energy_tokens INTEGER NOT NULL DEFAULT 0,
     PRIMARY KEY (day, model, key, "user")
 ) WITHOUT ROWID;
 """
+# Added after the first ledgers were written: a ledger without them gains them when the server opens it.
+_ENERGY_COLUMNS = (("energy_j", "REAL"), ("energy_tokens", "INTEGER"))
 _UPSERT = """
-INSERT INTO usage (day, model, key, "user", requests, prompt_tokens, completion_tokens)
-VALUES (?, ?, ?, ?, ?, ?, ?)
+INSERT INTO usage (day, model, key, "user", requests, prompt_tokens, completion_tokens, energy_j, energy_tokens)
+VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)
 ON CONFLICT (day, model, key, "user") DO UPDATE SET
     requests = requests + excluded.requests,
     prompt_tokens = prompt_tokens + excluded.prompt_tokens,
-    completion_tokens = completion_tokens + excluded.completion_tokens
+    completion_tokens = completion_tokens + excluded.completion_tokens,
+    energy_j = energy_j + excluded.energy_j,
+    energy_tokens = energy_tokens + excluded.energy_tokens
 """
 
 RowKey = tuple[str, str, str, str]  # day, model, key, user
@@ -74,6 +80,10 @@ class UsageRow(msgspec.Struct):
     prompt_tokens: int
     completion_tokens: int
     total_tokens: int
+    # The energy of the requests whose energy was measured (gateway/ops/energy.py), and their tokens:
+    # energy_j / energy_tokens is joules per token where the machine reports its draw.
+    energy_j: float = 0.0
+    energy_tokens: int = 0
 
 
 class UsageList(msgspec.Struct):
@@ -121,11 +131,15 @@ def query(conn: sqlite3.Connection, since: str | None = None, model: str | None 
     if model:
         where.append("model = ?")
         args.append(model)
-    sql = 'SELECT day, model, key, "user", requests, prompt_tokens, completion_tokens FROM usage'
+    columns = {row[1] for row in conn.execute("PRAGMA table_info(usage)")}
+    energy = "energy_j, energy_tokens" if "energy_j" in columns else "0.0, 0"  # a ledger older than them
+    sql = f'SELECT day, model, key, "user", requests, prompt_tokens, completion_tokens, {energy} FROM usage'
     if where:
         sql += " WHERE " + " AND ".join(where)
     sql += ' ORDER BY day, model, key, "user"'
-    return [UsageRow(d, m, k, u, r, p, c, p + c) for d, m, k, u, r, p, c in conn.execute(sql, args)]
+    return [
+        UsageRow(d, m, k, u, r, p, c, p + c, round(j, 4), t) for d, m, k, u, r, p, c, j, t in conn.execute(sql, args)
+    ]
 
 
 def open_readonly(data_dir: Path) -> sqlite3.Connection | None:
@@ -147,7 +161,7 @@ class Ledger:
         # the database file's mode, so those are private too.
         os.close(os.open(self.path, os.O_CREAT | os.O_RDWR, 0o600))
         os.chmod(self.path, 0o600)  # a ledger made before this rule
-        self._pending: dict[RowKey, list[int]] = {}
+        self._pending: dict[RowKey, list[float]] = {}
         self.write_failures = 0  # flushes that failed (locked, disk full); their counts stayed pending
         self._conn: sqlite3.Connection | None = self._connect()
 
@@ -158,24 +172,30 @@ class Ledger:
         # commit); only an OS crash or power cut may lose the last commits, for no fsync per request.
         conn.execute("PRAGMA synchronous=NORMAL")
         conn.executescript(_SCHEMA)
+        columns = {row[1] for row in conn.execute("PRAGMA table_info(usage)")}
+        for name, kind in _ENERGY_COLUMNS:
+            if name not in columns:
+                conn.execute(f"ALTER TABLE usage ADD COLUMN {name} {kind} NOT NULL DEFAULT 0")
         return conn
 
-    def recorder(self, model: str, caller: str, user: str | None) -> Callable[[int, int], None]:
+    def recorder(self, model: str, caller: str, user: str | None) -> Callable[..., None]:
         """`record` for one request: its model, its caller's label (gateway/http/auth.caller_of), and
-        its `user`; takes (prompt_tokens, completion_tokens)."""
+        its `user`; takes (prompt_tokens, completion_tokens, energy_j=None)."""
         return partial(self.record, model, caller, user or "")
 
     def record(self, model: str, key: str, user: str, prompt_tokens: int, completion_tokens: int,
-               *, ts: float | None = None) -> None:  # fmt: skip
-        """Count one finished request and write it now (see the module docstring for why inline)."""
+               energy_j: float | None = None, *, ts: float | None = None) -> None:  # fmt: skip
+        """Count one finished request and write it now (see the module docstring for why inline).
+        `energy_j`: its share of the machine's energy, where measured (None: not)."""
         row = (utc_day(ts), model, key, user[:MAX_USER_CHARS])
+        counts = [1, prompt_tokens, completion_tokens, energy_j or 0.0,
+                  prompt_tokens + completion_tokens if energy_j is not None else 0]  # fmt: skip
         acc = self._pending.get(row)
         if acc is None:
-            self._pending[row] = [1, prompt_tokens, completion_tokens]
+            self._pending[row] = counts
         else:
-            acc[0] += 1
-            acc[1] += prompt_tokens
-            acc[2] += completion_tokens
+            for i, v in enumerate(counts):
+                acc[i] += v
         self.flush()
 
     def flush(self) -> bool:

@@ -130,6 +130,11 @@ class Metrics:
                                  ["server", "outcome"], registry=r)  # fmt: skip
         self.mcp_call_seconds = Histogram("geniex:mcp_call_seconds", "Time of an MCP tool call, its wait for a slot "
                                           "included.", ["server"], registry=r)  # fmt: skip
+        self.energy = Counter("geniex:energy_joules", "The machine's energy shared among the answers made while "
+                              "it was drawn (gateway/ops/energy.py), where the OS reports it.", ["model", "compute"],
+                              registry=r)  # fmt: skip
+        self.mcp_served = Counter("geniex:mcp_server_calls", "Tool calls answered at /mcp (GenieX as an MCP server), "
+                                  "by tool and outcome (ok, error, refused).", ["tool", "outcome"], registry=r)  # fmt: skip
         self.realtime_sessions = Gauge("geniex:realtime_sessions", "/v1/realtime sessions open.", registry=r)
         self.realtime_ended = Counter("geniex:realtime_sessions_ended", "/v1/realtime sessions ended, by why "
                                       "(closed by the client, idle, expired, refused over the per-key bound).",
@@ -191,6 +196,13 @@ class Metrics:
     def mcp_call(self, server: str, outcome: str, seconds: float) -> None:
         self.mcp_calls.labels(server, outcome).inc()
         self.mcp_call_seconds.labels(server).observe(seconds)
+
+    def answered_with(self, model: str, compute: str, joules: float) -> None:
+        """One answer's energy, counted under its model and the unit its worker ran on."""
+        self.energy.labels(model, compute or "unknown").inc(joules)
+
+    def mcp_server_call(self, tool: str, outcome: str) -> None:
+        self.mcp_served.labels(tool, outcome).inc()
 
 
 class RequestTimer:

@@ -17,6 +17,7 @@ from typing import Annotated, Any, Literal
 import msgspec
 
 from protocol import kv_cache, qnn
+from protocol.power import ON_BATTERY_POLICIES
 from protocol.worker_args import NPU_SPINNING
 
 DEFAULT_HOST = "127.0.0.1:18181"
@@ -142,6 +143,12 @@ class Settings(msgspec.Struct, kw_only=True):
         "chunk per token). With N sequences decoding at once a stream's interval is N × this, so the chunks a "
         "worker sends per second stay about level under load (4 streams: client + gateway CPU per token 0.95 → "
         "0.42 ms)", "workers", old="--stream-interval", at_least=0)] = 20  # fmt: skip
+    sse_ping_interval_s: Annotated[float, Flag(
+        "seconds a stream may go without sending anything before it sends a keep-alive, so a client or proxy "
+        "reading with a timeout does not give up on a long prompt's prefill (or an MCP tool's run between "
+        "Responses rounds): an SSE comment line `: keep-alive` on the OpenAI streams, an `event: ping` on "
+        "`/v1/messages`, a line with no text on Ollama's (docs/operating.md). 0: never; under 0.1 counts as 0.1",
+        at_least=0, at_most=3600)] = 15.0  # fmt: skip
     worker_nice: Annotated[int, Flag(
         "added to the workers' nice value. At 0 they run at the gateway's priority. A higher value buys a little "
         "`/health` latency on an idle box (p99 with 4 streams: 6.8 ms at 0, 3.5 ms at 10) and gives every other "
@@ -198,6 +205,11 @@ class Settings(msgspec.Struct, kw_only=True):
         "when its request has no `truncation`: `disabled`, a 400 `context_length_exceeded`; `auto`, its oldest "
         "turns after the leading system messages are dropped until it fits with room for the answer, and the "
         "answer says how many (docs/api.md)", choices=("disabled", "auto"), lower=True)] = "disabled"  # fmt: skip
+    reasoning_budget: Annotated[int, Flag(
+        "the most tokens a model's thinking section (`<think>`) may take when the request sets no budget of its "
+        "own (`reasoning_effort`, `thinking_budget_tokens`, Anthropic's `thinking`, Ollama's `think`): then the "
+        "engine closes it and the answer follows; -1: unlimited, 0: no thinking (docs/api.md#reasoning-budgets)",
+        at_least=-1, at_most=1 << 20)] = -1  # fmt: skip
     allowed_hosts: Annotated[list[str], Flag(
         "a `Host` name the server answers to besides loopback names and the address it binds (repeatable, "
         "`GENIEX_ALLOWED_HOST` takes a `:`-separated list; `*` for any); any other gets 403, a defence against "
@@ -240,6 +252,29 @@ class Settings(msgspec.Struct, kw_only=True):
     realtime_idle_s: Annotated[float, Flag(
         "seconds a `/v1/realtime` session may go without a client event while no response runs; then it ends "
         "with an `error` event", at_least=1)] = 600.0  # fmt: skip
+    responses_store_max: Annotated[int, Flag(
+        "`/v1/responses` answers kept (`store: true`, the default) per API key (without keys, for all callers "
+        "together), in the data dir's responses.sqlite3; past it the key's oldest finished one is evicted, "
+        "logged, and named in the `GenieX-Evicted-Responses` header of the request that evicted it",
+        at_least=1)] = 1000  # fmt: skip
+    responses_store_mb: Annotated[int, Flag(
+        "MiB the kept responses of one API key may take (each with its conversation, input items and a background "
+        "response's stream events); past it its oldest finished ones are evicted the same way", at_least=1)] = 256  # fmt: skip
+    responses_background_per_key: Annotated[int, Flag(
+        "`background: true` responses one API key may have queued or running at once; one more is a 429",
+        at_least=1)] = 4  # fmt: skip
+    responses_background_max: Annotated[int, Flag(
+        "`background: true` responses queued or running at once, all keys together; one more is a 429 (each "
+        "also counts as a request in flight for `--max-connections` and the drain)", at_least=1)] = 16  # fmt: skip
+    responses_events_mb: Annotated[int, Flag(
+        "MiB of stream events a background response keeps for replay (`GET /v1/responses/{id}?stream=true`); "
+        "past it the events in between are not kept, its last one always is", at_least=1, at_most=1024)] = 8  # fmt: skip
+    conversations_store_max: Annotated[int, Flag(
+        "conversations (`/v1/conversations`) kept per API key; past it the one least recently added to is "
+        "evicted, logged and named in the `GenieX-Evicted-Conversations` header", at_least=1)] = 1000  # fmt: skip
+    conversations_store_mb: Annotated[int, Flag(
+        "MiB the conversations' items of one API key may take; past it the least recently added to are evicted, "
+        "and a conversation that alone would exceed it refuses more items (400)", at_least=1)] = 256  # fmt: skip
     webui: Annotated[bool, Flag(
         "serve no web UI (`/`, `/voice`, `/ops`, `/try`, `/docs`) and no `/openapi.json` (`GENIEX_NO_WEBUI=1`)",
         option="--no-webui")] = True  # fmt: skip
@@ -257,6 +292,12 @@ class Settings(msgspec.Struct, kw_only=True):
         "nothing else). Measured on the CPU EP, spinning made short steps 16-18 percent faster on an idle box and "
         "39-41 percent slower beside one busy process (bench/README.md). CPU sessions never spin",
         "workers", choices=NPU_SPINNING)] = "off"  # fmt: skip
+    on_battery: Annotated[str, Flag(
+        "what changes while the laptop runs from its battery, applied when the power source changes (read "
+        "every 5 s, logged, shown in /v1/workers): `cap-threads` (CPU workers decode with at most half the "
+        "cores), `prefer-npu` (a request that names no `compute` unit asks for the NPU, falling back as usual), "
+        "`none` (the default: nothing)",
+        choices=ON_BATTERY_POLICIES)] = "none"  # fmt: skip
     qnn_simulator: Annotated[bool, Flag(
         "on x86_64, let `compute: npu` use Qualcomm's HTP simulator (slow: development and tests only; see "
         "docs/accelerators.md). Without it, where there is no NPU, `npu` falls back to the CPU with a warning",
@@ -295,9 +336,14 @@ def out_of_bounds(settings: Settings) -> list[str]:
         value = getattr(settings, s.name)
         low, high = s.flag.at_least, s.flag.at_most
         if (low is not None and value < low) or (high is not None and value > high):
-            bound = f"{low:g}..{high:g}" if low is not None and high is not None else f"{low:g} or more"
-            out.append(f"{s.option} must be {bound}, not {value:g}")
+            bound = f"{_num(low)}..{_num(high)}" if low is not None and high is not None else f"{_num(low)} or more"
+            out.append(f"{s.option} must be {bound}, not {_num(value)}")
     return out
+
+
+def _num(x: float | None) -> str:
+    """A bound as a person writes it: 1048576, not 1.04858e+06."""
+    return str(int(x)) if x is not None and x == int(x) else f"{x:g}"
 
 
 def split_host(value: str) -> tuple[str, int]:

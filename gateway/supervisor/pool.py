@@ -41,6 +41,7 @@ from gateway.supervisor.memory import (
     offloaded_share,
     worker_engine,
 )
+from gateway.supervisor.on_battery import BatteryPolicy
 from gateway.supervisor.states import State
 from protocol import engines, kv_cache
 from protocol.keys import WorkerKey
@@ -101,9 +102,10 @@ class WorkerPool:
         self._refusal: str | None = None  # set by abort(): the server is going, refuse every request
         # `--models-file`: a model's parallel, KV cache types (read as its worker starts) and keep_alive
         self.models_file = ModelsFile()
+        self.battery = BatteryPolicy(settings.on_battery)  # `--on-battery`: what changes on battery
 
     def key_for(self, entry: ModelEntry, nctx: int | None, compute: str | None, ngl: int | None) -> WorkerKey:
-        unit = resolve_compute(compute or self.settings.compute, worker_engine(entry))
+        unit = resolve_compute(self.battery.compute(compute or self.settings.compute), worker_engine(entry))
         layers = self.settings.ngl if ngl is None else ngl
         return WorkerKey(
             model=entry.id,
@@ -176,12 +178,13 @@ class WorkerPool:
         Each llama.cpp worker spins its threads between operations; two workers with
         a thread per core each on the same cores slow each other down a hundredfold
         (measured: 30 tokens in 89 s instead of under 1 s). So busy CPU workers get
-        `cores // busy` threads each, and a worker left alone gets all of them back.
+        `cores // busy` threads each, and a worker left alone gets all of them back
+        (`--on-battery cap-threads`: half of them, at most, while on battery).
         """
         busy = [h for h in self.workers.values() if h.key.compute == "cpu" and h.inflight and h.state is State.READY]
         if not busy:
             return
-        cap = self.settings.threads or self._cores
+        cap = min(self.settings.threads or self._cores, self.battery.thread_cap(self._cores) or self._cores)
         share = max(1, min(cap, self._cores // len(busy)))
         for h in busy:
             h.set_threads(share)
@@ -432,6 +435,8 @@ class WorkerPool:
         self._tasks = [asyncio.create_task(self._apply_events(), name="pool-events"),
                        asyncio.create_task(self._reap_idle(), name="reaper"),
                        asyncio.create_task(self._watch_progress(), name="liveness")]  # fmt: skip
+        if self.battery.policy != "none":
+            self._tasks.append(asyncio.create_task(self.battery.watch(self._share_cores), name="on-battery"))
 
     async def _watch_progress(self) -> None:
         """Once a second, every worker with requests in flight is judged (gateway/supervisor/liveness.py);

@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from tests.server_proc import ServerProcess
+from tests.thinking_model import pull_thinking_model
 
 
 @pytest.fixture
@@ -23,3 +24,9 @@ def start(tmp_path: Path) -> Iterator[Callable[..., ServerProcess]]:
     yield make
     for srv in servers:
         srv.stop(signal.SIGKILL)
+
+
+@pytest.fixture(scope="session")
+def thinking_model(server: ServerProcess, tmp_path_factory: pytest.TempPathFactory) -> str:
+    """SmolLM2 under a thinking chat template (tests/thinking_model.py), in the shared server's store."""
+    return pull_thinking_model(server.data_dir, tmp_path_factory.mktemp("thinking"))

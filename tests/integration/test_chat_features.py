@@ -258,6 +258,102 @@ def test_reasoning_format_none_keeps_think_inline(client: openai.OpenAI) -> None
     assert getattr(r.choices[0].message, "reasoning_content", None) is None
 
 
+# ---- reasoning budgets (gateway/chat/reasoning_budget.py, workers/engines/llama/think_budget.py) ------
+# The thinking model is SmolLM2 under a template that opens `<think>` (tests/thinking_model.py): the
+# answer starts inside a thinking section, which SmolLM2 fills with its story and never closes itself.
+
+STORY = [{"role": "user", "content": "Write a long story about a dragon who learns to bake bread."}]
+CLOSE = "\n</think>\n\n"  # what the engine writes when the budget is spent
+
+
+def budgeted(client: openai.OpenAI, model: str, budget: int, **kw: Any) -> Any:
+    return client.chat.completions.create(model=model, messages=STORY, max_tokens=30, temperature=0, logprobs=True,
+                                          extra_body={"thinking_budget_tokens": budget, "reasoning_format": "deepseek"},
+                                          **kw)  # fmt: skip
+
+
+@pytest.mark.parametrize("budget", [8, 9])
+def test_a_reasoning_budget_closes_the_thinking_and_the_answer_follows(client: openai.OpenAI, thinking_model: str,
+                                                                        budget: int) -> None:  # fmt: skip
+    r = budgeted(client, thinking_model, budget)
+    c = r.choices[0]
+    tokens = [t.token for t in c.logprobs.content]
+    # Exactly `budget` tokens of thinking, then the closing text as its own tokens, then the answer.
+    assert c.message.reasoning_content == "".join(tokens[:budget]).strip()  # type: ignore[attr-defined]
+    assert "</" not in "".join(tokens[:budget])
+    n_close = next(n for n in range(1, 8) if "".join(tokens[budget : budget + n]) == CLOSE)
+    assert c.message.content and c.message.content == "".join(tokens[budget + n_close :]).lstrip()
+    assert r.usage.completion_tokens_details.reasoning_tokens == budget  # type: ignore[union-attr]
+    assert r.usage.completion_tokens == len(tokens) == 30 and c.finish_reason == "length"  # max_tokens bounds all
+
+
+def test_a_streamed_reasoning_budget_is_the_same_answer(client: openai.OpenAI, thinking_model: str) -> None:
+    whole = budgeted(client, thinking_model, 8)
+    chunks = list(budgeted(client, thinking_model, 8, stream=True, stream_options={"include_usage": True}))
+    deltas = [ch.choices[0].delta for ch in chunks if ch.choices]
+    reasoning = "".join(getattr(d, "reasoning_content", None) or "" for d in deltas)
+    content = "".join(d.content or "" for d in deltas)
+    assert (reasoning, content) == (whole.choices[0].message.reasoning_content, whole.choices[0].message.content)  # type: ignore[attr-defined]
+    assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens_details.reasoning_tokens == 8  # type: ignore[union-attr]
+
+
+def test_without_a_budget_the_thinking_runs_on(client: openai.OpenAI, thinking_model: str) -> None:
+    r = client.chat.completions.create(model=thinking_model, messages=STORY, max_tokens=30, temperature=0,
+                                       extra_body={"reasoning_format": "deepseek"})  # fmt: skip
+    assert r.choices[0].message.content == "" and r.usage.completion_tokens_details.reasoning_tokens == 30  # type: ignore[union-attr]
+    # An effort is a budget too: `low` is 1024 tokens, beyond these 30.
+    low = client.chat.completions.create(model=thinking_model, messages=STORY, max_tokens=30, temperature=0,
+                                         reasoning_effort="low", extra_body={"reasoning_format": "deepseek"})  # fmt: skip
+    assert low.choices[0].message.reasoning_content == r.choices[0].message.reasoning_content  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("ask", [{"thinking_budget_tokens": 0}, {"reasoning_effort": "none"},
+                                 {"reasoning_effort": "minimal"}])  # fmt: skip
+def test_budget_zero_thinks_not_at_all(client: openai.OpenAI, thinking_model: str, ask: dict[str, Any]) -> None:
+    r = client.chat.completions.create(model=thinking_model, messages=STORY, max_tokens=12, temperature=0,
+                                       extra_body={**ask, "reasoning_format": "deepseek"})  # fmt: skip
+    assert getattr(r.choices[0].message, "reasoning_content", None) is None and r.choices[0].message.content
+    assert r.usage.completion_tokens_details is None  # no reasoning tokens to report
+
+
+def test_each_choice_counts_its_own_budget(client: openai.OpenAI, thinking_model: str) -> None:
+    r = client.chat.completions.create(model=thinking_model, messages=STORY, max_tokens=24, n=3, temperature=1.0,
+                                       seed=7, extra_body={"thinking_budget_tokens": 5, "reasoning_format": "deepseek"})  # fmt: skip
+    assert len(r.choices) == 3 and all(c.message.content for c in r.choices)
+    assert r.usage.completion_tokens_details.reasoning_tokens == 3 * 5  # type: ignore[union-attr]
+
+
+def test_a_budget_composes_with_speculation(client: openai.OpenAI, thinking_model: str) -> None:
+    """A draft that guessed more thinking is dropped at the close; the output is the plain decode's."""
+    plain = budgeted(client, thinking_model, 8)
+    spec = client.chat.completions.create(model=thinking_model, messages=STORY, max_tokens=30, temperature=0,
+                                          extra_body={"thinking_budget_tokens": 8, "reasoning_format": "deepseek",
+                                                      "spec_type": "ngram-simple"})  # fmt: skip
+    assert spec.choices[0].message.content == plain.choices[0].message.content
+    assert spec.choices[0].message.reasoning_content == plain.choices[0].message.reasoning_content  # type: ignore[attr-defined]
+    assert spec.usage.completion_tokens_details.reasoning_tokens == 8  # type: ignore[union-attr]
+
+
+def test_a_grammar_is_not_interrupted_by_the_budget(client: openai.OpenAI) -> None:
+    """Under a grammar the budget is not applied (the grammar shapes the whole output, and might refuse
+    the closing text); its thinking is still counted."""
+    grammar = 'root ::= "<think>" "a b c d e f g h" "</think>" "y"'
+    r = client.chat.completions.create(model=MODEL, messages=ASK, max_tokens=40, temperature=0,
+                                       extra_body={"grammar_string": grammar, "thinking_budget_tokens": 2,
+                                                   "reasoning_format": "deepseek"})  # fmt: skip
+    assert (r.choices[0].message.reasoning_content, r.choices[0].message.content) == ("a b c d e f g h", "y")  # type: ignore[attr-defined]
+    assert r.usage.completion_tokens_details.reasoning_tokens > 2  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize(("body", "field"), [({"thinking_budget_tokens": -2}, "thinking_budget_tokens"),
+                                             ({"thinking_budget_tokens": 1.5}, "thinking_budget_tokens"),
+                                             ({"thinking_budget_tokens": 10**9}, "thinking_budget_tokens"),
+                                             ({"reasoning_effort": "extreme"}, "reasoning_effort")])  # fmt: skip
+def test_a_bad_budget_is_a_400_naming_the_field(server: ServerProcess, body: dict[str, Any], field: str) -> None:
+    r = httpx.post(f"{server.base_url}/v1/chat/completions", json={"model": MODEL, "messages": ASK, **body}, timeout=30)
+    assert r.status_code == 400 and f"`{field}`" in r.json()["error"]
+
+
 # ---- logprobs, n, logit_bias, user -------------------------------------------------
 
 

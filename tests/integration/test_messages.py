@@ -211,3 +211,34 @@ def test_thinking_runs_the_reasoning_split_and_the_stream_still_adds_up(claude: 
     _, final = streamed(claude, **kw)
     assert [b.model_dump() for b in final.content] == [b.model_dump() for b in m.content]
     assert m.content and all(b.type in ("thinking", "text") for b in m.content)
+
+
+STORY = "Write a long story about a dragon who learns to bake bread."
+
+
+def test_a_thinking_budget_closes_the_thinking_block(claude: anthropic.Anthropic, client: openai.OpenAI,
+                                                     thinking_model: str) -> None:  # fmt: skip
+    """`budget_tokens` on a model inside a thinking section (tests/thinking_model.py): its thinking is
+    the 8 tokens chat completions' `thinking_budget_tokens: 8` gives (same prompt, greedy), then text."""
+    chat = client.chat.completions.create(model=thinking_model, messages=[{"role": "user", "content": STORY}],
+                                          max_tokens=30, temperature=0,
+                                          extra_body={"thinking_budget_tokens": 8, "reasoning_format": "deepseek"})  # fmt: skip
+    assert chat.usage.completion_tokens_details.reasoning_tokens == 8  # type: ignore[union-attr]
+    kw: dict[str, Any] = {"model": thinking_model, "messages": [{"role": "user", "content": STORY}], "max_tokens": 30,
+                          "extra_body": {"temperature": 0}, "thinking": {"type": "enabled", "budget_tokens": 8}}  # fmt: skip
+    m = claude.messages.create(**kw)
+    assert [b.type for b in m.content] == ["thinking", "text"]
+    assert m.content[0].thinking == chat.choices[0].message.reasoning_content  # type: ignore[union-attr, attr-defined]
+    assert m.content[1].text == chat.choices[0].message.content  # type: ignore[union-attr]
+    with claude.messages.stream(**kw) as stream:
+        final = stream.get_final_message()
+    assert [b.model_dump() for b in final.content] == [b.model_dump() for b in m.content]
+    off = claude.messages.create(**{**kw, "thinking": {"type": "disabled"}})
+    assert [b.type for b in off.content] == ["text"] and off.content[0].text  # type: ignore[union-attr]
+
+
+def test_a_bad_thinking_budget_is_a_400_naming_it(server: ServerProcess) -> None:
+    body = {"model": MODEL, "max_tokens": 8, "messages": [{"role": "user", "content": "hi"}],
+            "thinking": {"type": "enabled", "budget_tokens": -1}}  # fmt: skip
+    r = httpx.post(f"{server.base_url}/v1/messages", json=body, timeout=30)
+    assert r.status_code == 400 and "thinking.budget_tokens" in r.json()["error"]["message"]

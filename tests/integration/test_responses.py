@@ -400,3 +400,22 @@ def test_hostile_tools_are_400s_naming_the_tool_and_nothing_breaks(server: Serve
                    "tools": [spawn, {"type": "holodeck_2031"}], "max_output_tokens": 4})  # fmt: skip
     assert r.status_code == 200 and r.headers["GenieX-Tools-Not-Offered"] == "holodeck_2031 (tools[1])"
     assert httpx.get(f"{server.base_url}/health", timeout=10).status_code == 200
+
+
+def test_a_thinking_budget_closes_the_reasoning_item(client: openai.OpenAI, thinking_model: str) -> None:
+    """The GenieX extension `thinking_budget_tokens` on a model inside a thinking section
+    (tests/thinking_model.py): its reasoning is the 8 tokens chat completions gives (same prompt,
+    greedy), then the answer; `reasoning.effort: none` thinks not at all."""
+    story = "Write a long story about a dragon who learns to bake bread."
+    chat = client.chat.completions.create(model=thinking_model, messages=[{"role": "user", "content": story}],
+                                          max_tokens=30, temperature=0,
+                                          extra_body={"thinking_budget_tokens": 8, "reasoning_format": "deepseek"})  # fmt: skip
+    assert chat.usage.completion_tokens_details.reasoning_tokens == 8  # type: ignore[union-attr]
+    r = client.responses.create(model=thinking_model, input=story, temperature=0, max_output_tokens=30,
+                                extra_body={"thinking_budget_tokens": 8})  # fmt: skip
+    assert [o.type for o in r.output] == ["reasoning", "message"]
+    assert r.output[0].content[0].text == chat.choices[0].message.reasoning_content  # type: ignore[union-attr, index, attr-defined]
+    assert r.output_text == chat.choices[0].message.content
+    none = client.responses.create(model=thinking_model, input=story, temperature=0, max_output_tokens=12,
+                                   reasoning={"effort": "none"})  # fmt: skip
+    assert [o.type for o in none.output] == ["message"] and none.output_text

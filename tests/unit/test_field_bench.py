@@ -7,23 +7,9 @@ from pathlib import Path
 from typing import Any
 
 from bench import field
-
-
-def _write(root: Path, rel: str, text: str) -> None:
-    path = root / rel
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(text)
-
-
-def _rapl(root: Path, zone: str, name: str, uj: int, max_uj: int = 2**32) -> None:
-    _write(root, f"sys/class/powercap/{zone}/name", name + "\n")
-    _write(root, f"sys/class/powercap/{zone}/energy_uj", f"{uj}\n")
-    _write(root, f"sys/class/powercap/{zone}/max_energy_range_uj", f"{max_uj}\n")
-
-
-def _supply(root: Path, name: str, **files: str) -> None:
-    for key, value in files.items():
-        _write(root, f"sys/class/power_supply/{name}/{key}", value + "\n")
+from tests.sysfs_tree import rapl as _rapl
+from tests.sysfs_tree import supply as _supply
+from tests.sysfs_tree import write as _write
 
 
 def test_rapl_packages_only_and_a_discharging_battery(tmp_path: Path) -> None:

@@ -32,3 +32,12 @@ def test_keys_are_checked_and_named_by_label(tmp_path: Path) -> None:
     ring.reload()
     assert ring.check("sk-alice-0123456789") is None and ring.check("sk-carol-0123456789").label == "carol"  # type: ignore[union-attr]
     assert not KeyRing([]).enabled
+
+
+def test_a_keys_priority_is_read_and_a_bad_one_named() -> None:
+    from gateway.ops.keys import parse_key_lines
+
+    (agent, person) = parse_key_lines("agent-key-1 agent priority=background\nperson-key-1 person\n")
+    assert agent.priority == "background" and person.priority is None
+    with pytest.raises(KeyFileError, match="line 1: 'priority=urgent': `priority` is one of interactive, normal"):
+        parse_key_lines("agent-key-1 agent priority=urgent")

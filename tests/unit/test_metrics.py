@@ -160,7 +160,7 @@ def shapers() -> list[ChoiceShaper]:
 def accounted() -> tuple[Completion, Metrics, list[tuple[int, int]]]:
     m = Metrics(process=False)
     billed: list[tuple[int, int]] = []
-    return Completion(M, Accounting(m.timer(M), lambda p, c: billed.append((p, c)))), m, billed
+    return Completion(M, Accounting(m.timer(M), lambda p, c, _j: billed.append((p, c)))), m, billed
 
 
 async def test_collect_settles_ok_once() -> None:

@@ -1,9 +1,10 @@
 """The Responses dialect without a model: input items into chat messages, settings into the chat
 request, the answer's pieces into output items and events (validated as the openai SDK's types),
-and the bounded response store."""
+and the response store (SQLite, per owner, bounded)."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import msgspec
@@ -12,7 +13,7 @@ import pytest
 from openai.types.responses import Response, ResponseStreamEvent
 
 from gateway.dialects.responses.events import OutputStream
-from gateway.dialects.responses.store import ResponseStore
+from gateway.dialects.responses.store import Limits, ResponseStore
 from gateway.dialects.responses.translate import (
     answer_messages,
     chat_messages,
@@ -212,29 +213,38 @@ def _response(i: int) -> r.Response:
     return r.Response(id=f"resp_{i}", created_at=0, status="completed", model="m", output=[])
 
 
-def test_the_store_is_per_owner_and_bounded_by_count_age_and_size() -> None:
-    now = [0.0]
-    store = ResponseStore(max_responses=3, max_age_s=60, max_chars=10_000, clock=lambda: now[0])
+async def test_the_store_is_per_owner_bounded_by_count_and_bytes_and_survives_a_reopen(tmp_path: Path) -> None:
+    path = tmp_path / "responses.sqlite3"
+    store = ResponseStore(path, Limits(responses=3, response_bytes=10_000))
+    await store.open()
     turn = [chat.ChatMessage(role="user", content="x")]
-    for i in range(4):
-        store.put("alice", _response(i), turn)
-    assert len(store) == 3 and store.get("alice", "resp_0") is None, "the oldest goes first"
-    assert store.get("bob", "resp_1") is None, "another caller sees nothing"
-    assert not store.delete("bob", "resp_1")
-    found = store.get("alice", "resp_1")
-    assert found is not None and found.conversation == turn
-    now[0] = 30.0
-    store.put("bob", _response(9), turn)
-    now[0] = 61.0
-    assert store.get("alice", "resp_2") is None and store.get("bob", "resp_9") is not None, "an hour (here 60 s) old"
-    assert store.delete("bob", "resp_9") and store.get("bob", "resp_9") is None and len(store) == 0
-    assert store.chars == 0
+    evicted = [i for n in range(4) for i in await store.put("alice", _response(n), [], turn)]
+    assert evicted == ["resp_0"] and await store.get("alice", "resp_0") is None, "the oldest goes first"
+    assert await store.get("bob", "resp_1") is None, "another caller sees nothing"
+    assert not await store.delete("bob", "resp_1")
+    await store.put("bob", _response(9), [], turn)
+    assert await store.get("bob", "resp_9") is not None and await store.get("alice", "resp_1") is not None, \
+        "one owner's bound is its own"  # fmt: skip
+    found = await store.get("alice", "resp_1")
+    assert found is not None and found.conversation == turn and found.response.id == "resp_1"
     big = [chat.ChatMessage(role="user", content="y" * 4000)]
-    for i in range(3):
-        store.put("alice", _response(i), big)
-    assert len(store) == 2 and store.chars <= 10_000, "the characters held are bounded too"
-    store.put("alice", _response(7), [chat.ChatMessage(role="user", content="z" * 20_000)])
-    assert store.get("alice", "resp_7") is None and len(store) == 2, "one larger than the store is not kept"
+    for n in range(3):
+        await store.put("alice", _response(10 + n), [], big)
+    assert await store.get("alice", "resp_10") is None and await store.get("alice", "resp_12") is not None, \
+        "the bytes held are bounded too"  # fmt: skip
+    count, size = await store.stats()
+    assert size <= 10_000 + 1_000 and count <= 3, "(alice's two large ones, bob's small one)"
+    assert await store.put("alice", _response(7), [], [chat.ChatMessage(role="user", content="z" * 20_000)]) == []
+    assert await store.get("alice", "resp_7") is None, "one larger than the store is not kept"
+    running = msgspec.structs.replace(_response(8), status="in_progress")
+    await store.put("alice", running, [], [])
+    await store.close()
+    reopened = ResponseStore(path, Limits(responses=3, response_bytes=10_000))
+    assert await reopened.open() == ["resp_8"]
+    kept = await reopened.get("alice", "resp_8")
+    assert kept is not None and kept.response.status == "failed" and kept.response.error is not None
+    assert await reopened.get("bob", "resp_9") is not None, "a restart keeps what was stored"
+    await reopened.close()
 
 
 def test_input_image_parts_become_image_url_parts_in_their_order() -> None:

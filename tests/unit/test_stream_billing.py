@@ -113,6 +113,12 @@ class Books:
     def first_token(self) -> None:
         pass
 
+    def running(self) -> None:
+        pass
+
+    def energy_j(self) -> float | None:
+        return None
+
     def settle(self, outcome: str, prompt: int, completion: int, cached: int = 0) -> None:
         self.log.append(("settle", outcome, prompt, completion))
 

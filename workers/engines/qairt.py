@@ -173,6 +173,9 @@ class QairtEngine:
             self._replies.put(TokenCount(req.req_id, n))
             return
         self._refuse_extras(req)
+        if req.reasoning_budget >= 0:  # said, not refused: the server's --reasoning-budget reaches every model
+            log.info("reasoning budget not applied on a Genie bundle", request_id=req.log_id,
+                     reasoning_budget=req.reasoning_budget)  # fmt: skip
         if self.dialog is None:
             raise EngineError(f"this model cannot generate here: {self.unavailable}", kind=ErrorKind.OVERLOADED)
         if req.messages is not None:

@@ -105,6 +105,8 @@ def generate_request(g: Generate, model: str) -> tuple[str, dict[str, Any]]:
             body["tools"] = g.tools
         if g.template_vars.get("enable_thinking") is False:
             body["chat_template_kwargs"] = {"enable_thinking": False}
+        if g.reasoning_budget >= 0:  # llama-server's name; vLLM and the like ignore what they do not read
+            body["thinking_budget_tokens"] = g.reasoning_budget
     else:
         path = "completions"
         body["prompt"] = g.prompt or ""

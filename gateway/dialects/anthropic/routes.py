@@ -16,10 +16,10 @@ from litestar.response import ServerSentEvent
 
 from gateway.chat.convert import plan_chat, prompt_chars
 from gateway.chat.shape import ChoiceShaper
-from gateway.dialects.anthropic.stream import sse
+from gateway.dialects.anthropic.stream import ping, sse
 from gateway.dialects.anthropic.translate import chat_request, image_fields, message_of, not_offered
 from gateway.errors import EngineFailure
-from gateway.http import relay
+from gateway.http import keepalive, relay
 from gateway.http.auth import caller_of, tenant_of
 from gateway.http.body import read_json
 from gateway.http.disconnect import unless_disconnected
@@ -41,19 +41,22 @@ async def create_message(request: Request, body: RawBody,
     images = await services.images(req.messages, entry, fields=image_fields(data))
     plan = plan_chat(req, current_request_id() or "", services.store, services.settings.grammar_dirs,
                      keep_cache=header_true(request, KEEP_CACHE_HEADER), tenant=tenant_of(request),
-                     images=images, truncation=services.settings.truncation)  # fmt: skip
+                     images=images, truncation=services.settings.truncation,
+                     priority=services.priority(request, entry))  # fmt: skip
     accounting = services.accounting(entry.id, caller_of(request), req.user)
     completion = relay.Completion(entry.id, accounting, id_prefix="msg")
     chars = prompt_chars(req.messages, plan.generate.truncation)
     worker = await completion.guard(services.worker(entry, prompt_chars=chars))
     shaper = ChoiceShaper(0, plan.shape, worker.ready_info.tool_format if worker.ready_info else "")
-    stream = relay.fan_out(worker, plan.generations())
+    stream = completion.run_on(worker, plan.generations())
     if not data.stream:
         answer = await completion.guard(unless_disconnected(request, relay.collect(completion, [shaper], stream)))
         return Response(message_of(answer, completion.dones[0].stop_sequence), headers=headers)
     # The first message decides the status: a refused prompt is a 400, not a broken stream.
     first = await completion.guard(anext(stream))
-    return ServerSentEvent(sse(completion, shaper, first, stream), headers=headers)
+    return keepalive.sse(
+        sse(completion, shaper, first, stream), services.settings.sse_ping_interval_s, ping=ping, headers=headers
+    )
 
 
 @post("/v1/messages/count_tokens", status_code=200)

@@ -2,8 +2,9 @@
 
 message_start (once the prompt is admitted, so it carries the prompt's token count), then per
 content block content_block_start / content_block_delta... / content_block_stop, then
-message_delta (stop reason and the final usage) and message_stop. An error after the first byte
-becomes an `error` event in Anthropic's error shape. The driver is gateway/http/dialect_stream.py.
+message_delta (stop reason and the final usage) and message_stop; a `ping` after message_start
+whenever the stream is silent for `--sse-ping-interval-s`. An error after the first byte becomes an
+`error` event in Anthropic's error shape. The driver is gateway/http/dialect_stream.py.
 """
 
 from __future__ import annotations
@@ -49,11 +50,20 @@ class AnthropicEvents:
         body = a.MessageDeltaBody(stop_reason=stop_reason(finish_reason, done.stop_sequence),
                                   stop_sequence=done.stop_sequence or None)  # fmt: skip
         counts = a.MessageDeltaUsage(output_tokens=usage.completion_tokens, input_tokens=usage.prompt_tokens - cached,
-                                     cache_read_input_tokens=cached)  # fmt: skip
+                                     cache_read_input_tokens=cached, energy_j=usage.energy_j)  # fmt: skip
         return [a.MessageDelta(body, counts), a.MessageStop()]
 
     def fail(self, message: str, status: int, started: bool) -> list[a.ErrorResponse]:
         return [anthropic_error(status, message)[1]]
+
+
+PING = dialect_stream.event(a.Ping())
+
+
+def ping() -> ServerSentEventMessage:
+    """The stream's keep-alive (gateway/http/keepalive.py): Anthropic's own `ping` event, which its
+    clients skip; it may come anywhere after `message_start`."""
+    return PING
 
 
 def sse(c: Completion, shaper: ChoiceShaper, first: Tagged,

@@ -10,6 +10,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import msgspec
+
 from gateway.chat.constraints import bounded_schema
 from gateway.chat.convert import tool_schema
 from gateway.chat.tool_calls import arguments_object
@@ -220,6 +222,16 @@ def _thinks(thinking: a.ThinkingConfig | None) -> bool:
     return thinking is not None and thinking.type != "disabled"
 
 
+def _budget(thinking: a.ThinkingConfig | None) -> int | None:
+    """The thinking budget in tokens: `disabled` none, `enabled` its `budget_tokens`; else (absent,
+    `adaptive`, `enabled` without one) None, the server's --reasoning-budget."""
+    if thinking is None:
+        return None
+    if thinking.type == "disabled":
+        return 0
+    return thinking.budget_tokens if thinking.type == "enabled" else None
+
+
 def _response_format(config: a.OutputConfig | None) -> dict[str, Any] | None:
     """Structured outputs become the chat's json_schema response format (the same grammar path)."""
     if config is None or config.format is None:
@@ -257,6 +269,7 @@ def chat_request(req: a.MessagesInput) -> chat.ChatRequest:
         # are told so either way, and asked-for reasoning comes back split into thinking blocks.
         enable_think=thinks,
         reasoning_format="deepseek" if thinks else None,
+        thinking_budget_tokens=_budget(req.thinking),
         response_format=_response_format(req.output_config),
         **fields,
     )
@@ -295,7 +308,8 @@ def stop_reason(finish_reason: str | None, stop_sequence: str) -> a.StopReason:
 def usage_of(u: chat.Usage) -> a.Usage:
     cached = u.prompt_tokens_details.cached_tokens if u.prompt_tokens_details else 0
     return a.Usage(input_tokens=u.prompt_tokens - cached, output_tokens=u.completion_tokens,
-                   cache_read_input_tokens=cached)  # fmt: skip
+                   cache_read_input_tokens=cached,
+                   energy_j=u.energy_j if u.energy_j is not None else msgspec.UNSET)  # fmt: skip
 
 
 def message_id(completion_id: str) -> str:

@@ -11,6 +11,7 @@ from litestar.di import NamedDependency
 
 from gateway.http.lifecycle import Lifecycle
 from gateway.http.services import Services
+from gateway.supervisor.on_battery import PowerInfo
 from protocol.doctor import fallback_check
 from protocol.wire import Device, UpstreamHealth
 
@@ -66,11 +67,13 @@ class WorkerInfo(msgspec.Struct):
     heard_s_ago: float | None = None
     step_s: float = 0.0
     hung: str | None = None
+    threads: int | None = None  # the CPU threads the gateway last gave it (its share of the cores); None: its own
 
 
 class WorkerTable(msgspec.Struct):
     object: str
     data: list[WorkerInfo]
+    power: PowerInfo | None = None  # the power source and `--on-battery`'s policy
 
 
 @get("/health")
@@ -145,9 +148,10 @@ async def workers(services: NamedDependency[Services]) -> WorkerTable:
                 heard_s_ago=round(now - h.last_heard, 3) if h.ready_info else None,
                 step_s=round(h.beat.step_s + (now - h.beat_at) if h.beat.step_s else 0.0, 3),
                 hung=h.hung,
+                threads=h.threads,
             )
         )
-    return WorkerTable(object="list", data=rows)
+    return WorkerTable(object="list", data=rows, power=pool.battery.info())
 
 
 def _fallbacks(services: Services) -> list[dict[str, str | None]]:

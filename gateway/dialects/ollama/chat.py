@@ -31,7 +31,7 @@ from gateway.dialects.ollama.translate import (
     raw_request,
     tool_calls_of,
 )
-from gateway.http import relay
+from gateway.http import keepalive, relay
 from gateway.http.auth import caller_of, tenant_of
 from gateway.http.body import read_json
 from gateway.http.dialect_stream import drive
@@ -89,7 +89,7 @@ def generate_line(model: str) -> Make:
 
 def _end_fields(clock: Clock, finish_reason: str | None, usage: chat.Usage) -> dict[str, Any]:
     return {"done": True, "done_reason": done_reason(finish_reason),
-            **clock.timings(usage.prompt_tokens, usage.completion_tokens)}  # fmt: skip
+            **clock.timings(usage.prompt_tokens, usage.completion_tokens), "energy_j": usage.energy_j}  # fmt: skip
 
 
 class OllamaLines:
@@ -131,11 +131,13 @@ class OllamaLines:
 
 
 async def _answer(request: Request, c: Timed, worker: WorkerHandle, generations: list[Generate], shape: Shape,
-                  stream: bool, make: Make) -> Response[bytes] | Stream:  # fmt: skip
-    """Run the generation; the whole answer as one JSON object, or its lines as they come."""
+                  stream: bool, make: Make, ping_s: float) -> Response[bytes] | Stream:  # fmt: skip
+    """Run the generation; the whole answer as one JSON object, or its lines as they come, with a line
+    of no text whenever none went out for `ping_s` (a blank line would break Ollama's clients, which
+    parse every line as JSON; an empty piece is one they already read)."""
     c.clock.ready()
     shaper = ChoiceShaper(0, shape, worker.ready_info.tool_format if worker.ready_info else "")
-    messages = relay.fan_out(worker, generations)
+    messages = c.run_on(worker, generations)
     if not stream:
         done = await c.guard(unless_disconnected(request, relay.collect(c, [shaper], messages)))
         choice = done.choices[0]
@@ -144,7 +146,8 @@ async def _answer(request: Request, c: Timed, worker: WorkerHandle, generations:
         body = make(m.content or "", m.reasoning_content or m.reasoning, tool_calls_of(m.tool_calls), **end)
         return Response(_encode(body), media_type="application/json")
     first = await c.guard(anext(messages))  # a refused prompt is a 400, not a broken stream
-    return Stream(drive(c, shaper, OllamaLines(make, c.clock), first, messages, line), media_type=NDJSON)
+    lines = drive(c, shaper, OllamaLines(make, c.clock), first, messages, line)
+    return Stream(keepalive.kept_alive(lines, ping_s, lambda: line(make()), before_first=True), media_type=NDJSON)
 
 
 async def _load_or_unload(services: Services, entry: ModelEntry, keep_alive: float | None, make: Make,
@@ -180,12 +183,14 @@ async def ollama_chat(request: Request, body: RawBody, services: NamedDependency
     images = await services.images(req.messages, entry)
     plan = plan_chat(req, current_request_id() or "", services.store, services.settings.grammar_dirs,
                      keep_cache=header_true(request, KEEP_CACHE_HEADER), tenant=tenant_of(request), images=images,
-                     truncation=services.settings.truncation)  # fmt: skip
+                     truncation=services.settings.truncation, priority=services.priority(request, entry))  # fmt: skip
     c = Timed(entry.id, services.accounting(entry.id, caller_of(request), None), clock)
     worker = await c.guard(services.worker(entry, nctx=req.nctx, ngl=req.ngl, keep_alive=keep_alive,
                                            prompt_chars=prompt_chars(req.messages, plan.generate.truncation),
                                            fallback=header_flag(request, COMPUTE_FALLBACK_HEADER)))  # fmt: skip
-    return await _answer(request, c, worker, plan.generations(), plan.shape, data.stream, make)
+    return await _answer(
+        request, c, worker, plan.generations(), plan.shape, data.stream, make, services.settings.sse_ping_interval_s
+    )
 
 
 @post("/api/generate", status_code=200)
@@ -205,21 +210,25 @@ async def ollama_generate(request: Request, body: RawBody,
         req = fitted(services, entry, req)
         generations = [Generate(req_id=0, log_id=current_request_id() or "", prompt=data.prompt or "",
                                 suffix=data.suffix or None, max_tokens=req.max_tokens, stop=stop_list(req.stop),
-                                sampling=sampling_of(req), cache_key=cache_key(req, tenant))]  # fmt: skip
+                                sampling=sampling_of(req), cache_key=cache_key(req, tenant),
+                                priority=services.priority(request, entry))]  # fmt: skip
         shape, chars = Shape(), len(data.prompt or "") + len(data.suffix or "")
     else:
         req = services.with_defaults(generate_request(data, keep_alive), entry)
         req = fitted(services, entry, req)
         images = await services.images(req.messages, entry)
         plan = plan_chat(req, current_request_id() or "", services.store, services.settings.grammar_dirs,
-                         tenant=tenant, images=images, truncation=services.settings.truncation)  # fmt: skip
+                         tenant=tenant, images=images, truncation=services.settings.truncation,
+                         priority=services.priority(request, entry))  # fmt: skip
         generations, shape = plan.generations(), plan.shape
         chars = prompt_chars(req.messages, plan.generate.truncation)
     c = Timed(entry.id, services.accounting(entry.id, caller_of(request), None), clock)
     worker = await c.guard(services.worker(entry, nctx=req.nctx, ngl=req.ngl, keep_alive=keep_alive,
                                            prompt_chars=chars,
                                            fallback=header_flag(request, COMPUTE_FALLBACK_HEADER)))  # fmt: skip
-    return await _answer(request, c, worker, generations, shape, data.stream, make)
+    return await _answer(
+        request, c, worker, generations, shape, data.stream, make, services.settings.sse_ping_interval_s
+    )
 
 
 handlers = [ollama_chat, ollama_generate]

@@ -99,9 +99,12 @@ def _think(think: o.Think | None) -> dict[str, Any]:
     template not to; absent leaves the model to its default, its reasoning still kept apart."""
     if think is None:
         return {"reasoning_format": "deepseek"}
-    if think is False:
-        return {"enable_think": False}
-    return {"enable_think": True, "reasoning_format": "deepseek"}
+    if think is False:  # no thinking at all: a section the model opens anyway is closed at once
+        return {"enable_think": False, "thinking_budget_tokens": 0}
+    if think is True:
+        return {"enable_think": True, "reasoning_format": "deepseek"}
+    # An effort: its budget in tokens (gateway/chat/reasoning_budget.py).
+    return {"enable_think": True, "reasoning_format": "deepseek", "reasoning_effort": think}
 
 
 def _tool_choice(header: str | None, tools: list[o.OllamaTool] | None) -> str | dict[str, Any] | None:

@@ -9,7 +9,7 @@ from litestar.response import ServerSentEvent
 
 from gateway.chat.convert import plan_chat, prompt_chars
 from gateway.chat.shape import ChoiceShaper
-from gateway.http import relay
+from gateway.http import keepalive, relay
 from gateway.http.auth import caller_of, tenant_of
 from gateway.http.body import read_json
 from gateway.http.disconnect import unless_disconnected
@@ -29,7 +29,8 @@ async def chat_completions(request: Request, body: RawBody,
     images = await services.images(data.messages, entry, max_length=data.image_max_length)
     plan = plan_chat(data, current_request_id() or "", services.store, services.settings.grammar_dirs,
                      keep_cache=header_true(request, KEEP_CACHE_HEADER), tenant=tenant_of(request),
-                     images=images, truncation=services.settings.truncation)  # fmt: skip
+                     images=images, truncation=services.settings.truncation,
+                     priority=services.priority(request, entry))  # fmt: skip
     accounting = services.accounting(entry.id, caller_of(request), data.user)
     completion = relay.Completion(entry.id, accounting, data.n)  # a warm-up never settles it: not counted
     worker = await completion.guard(services.worker(entry, nctx=data.nctx, compute=data.compute, ngl=data.ngl,
@@ -43,14 +44,16 @@ async def chat_completions(request: Request, body: RawBody,
     completion.speculative = plan.generate.speculation is not None
     tool_format = worker.ready_info.tool_format if worker.ready_info else ""
     shapers = [ChoiceShaper(i, plan.shape, tool_format) for i in range(plan.n)]
-    stream = relay.fan_out(worker, plan.generations())
+    stream = completion.run_on(worker, plan.generations())
     if not data.stream:
         collected = relay.collect(completion, shapers, stream)
         return Response(await completion.guard(unless_disconnected(request, collected)))
     # The first message decides the status: a refused prompt is a 400, not a broken stream.
     first = await completion.guard(anext(stream))
     include_usage = bool(data.stream_options and data.stream_options.include_usage)
-    return ServerSentEvent(relay.sse(completion, shapers, first, stream, include_usage))
+    return keepalive.sse(
+        relay.sse(completion, shapers, first, stream, include_usage), services.settings.sse_ping_interval_s
+    )
 
 
 handlers = [chat_completions]

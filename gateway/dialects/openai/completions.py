@@ -16,7 +16,7 @@ from litestar.response import ServerSentEvent
 
 from gateway.chat.convert import cache_key, sampling_of, seeded, stop_list
 from gateway.errors import BadRequest
-from gateway.http import relay
+from gateway.http import keepalive, relay
 from gateway.http.auth import caller_of, tenant_of
 from gateway.http.body import read_json
 from gateway.http.disconnect import unless_disconnected
@@ -88,6 +88,7 @@ async def completions(
         logprobs=data.logprobs if data.logprobs is not None else -1,
         cache=data.cache_prompt,
         cache_key=cache_key(data, tenant_of(request)),
+        priority=services.priority(request, entry),
     )
     total = len(prompts) * data.n
     accounting = services.accounting(entry.id, caller_of(request), data.user)
@@ -98,14 +99,14 @@ async def completions(
                                               fallback=header_flag(request, COMPUTE_FALLBACK_HEADER)))  # fmt: skip
     # Choice i is prompt i // n, sample i % n of it.
     generations = [seeded(msgspec.structs.replace(base, prompt=prompts[i // data.n]), i % data.n) for i in range(total)]
-    merged = relay.fan_out(worker, generations)
+    merged = acct.run_on(worker, generations)
     choices = [_Choice(i, prompts[i // data.n] if data.echo else "", data.logprobs is not None) for i in range(total)]
     if not data.stream:
         answer = await acct.guard(unless_disconnected(request, _collect(acct, choices, merged)))
         return Response(encode(answer), media_type="application/json")
     first = await acct.guard(anext(merged))
     include_usage = bool(data.stream_options and data.stream_options.include_usage)
-    return ServerSentEvent(_sse(acct, choices, first, merged, include_usage))
+    return keepalive.sse(_sse(acct, choices, first, merged, include_usage), services.settings.sse_ping_interval_s)
 
 
 async def _collect(

@@ -141,7 +141,7 @@ class ResponseRun:
             services.worker(entry, prompt_chars=prompt_chars(req.messages, plan.generate.truncation))
         )
         shaper = ChoiceShaper(0, plan.shape, worker.ready_info.tool_format if worker.ready_info else "")
-        rest = relay.fan_out(worker, plan.generations())
+        rest = c.run_on(worker, plan.generations())
         first = await c.guard(anext(rest))
         async for ev in dialect_stream.drive(c, shaper, _Events(self), first, rest, _same):
             await self.send(ev)

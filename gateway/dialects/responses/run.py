@@ -154,6 +154,8 @@ class ResponseRun:
         self.prelude: list[r.StreamEvent] = []
         self.failure: tuple[str, int] | None = None
         self.keep: Callable[[r.Response], None] = lambda _: None
+        self.response_id = ""  # given beforehand (a background response's); else made from the first round's
+        self.conversation_ref: r.ConversationRef | None = None  # the `conversation` it reads and adds to
 
     def continue_from(self, conversation: list[chat.ChatMessage]) -> None:
         """Run with this conversation instead (its approval requests answered)."""
@@ -182,15 +184,17 @@ class ResponseRun:
         s, req, request = self.services, self.req, self.request
         plan = plan_chat(req, current_request_id() or "", s.store, s.settings.grammar_dirs,
                          keep_cache=header_true(request, KEEP_CACHE_HEADER), tenant=tenant_of(request),
-                         images=self.images, truncation=s.settings.truncation)  # fmt: skip
+                         images=self.images, truncation=s.settings.truncation,
+                         priority=s.priority(request, self.entry))  # fmt: skip
         c = relay.Completion(self.entry.id, s.accounting(self.entry.id, caller_of(request), req.user), id_prefix="resp")
-        c.accounting.bills_partial = self.data.stream  # a whole answer that is never sent bills nothing
+        # A whole answer that is never sent bills nothing; a background one is made for the store.
+        c.accounting.bills_partial = self.data.stream or self.data.background
         worker = await c.guard(s.worker(self.entry, nctx=self.data.nctx, compute=self.data.compute,
                                         keep_alive=self.data.keep_alive,
                                         prompt_chars=prompt_chars(req.messages, plan.generate.truncation),
                                         fallback=header_flag(request, COMPUTE_FALLBACK_HEADER)))  # fmt: skip
         shaper = ChoiceShaper(0, plan.shape, worker.ready_info.tool_format if worker.ready_info else "")
-        rest = relay.fan_out(worker, plan.generations())
+        rest = c.run_on(worker, plan.generations())
         first = await c.guard(anext(rest))
         return Round(c, shaper, first, rest, plan)
 
@@ -200,6 +204,8 @@ class ResponseRun:
         c, sampling = first.c, first.plan.generate.sampling
         response = skeleton(self.data, self.tools, "resp_" + c.id.rpartition("-")[2], c.created, self.entry.id,
                             sampling.temperature, sampling.top_p, first.plan.generate.truncation)  # fmt: skip
+        response = msgspec.structs.replace(response, id=self.response_id or response.id,
+                                           background=self.data.background, conversation=self.conversation_ref)  # fmt: skip
         self.out = OutputStream(response, self.tools, summary=wants_summary(self.data))
         if not self.tools.mcp_listed and not approved:
             return
@@ -214,9 +220,11 @@ class ResponseRun:
             self.prelude += [*events, *self.out.called(index, outcome)]
 
     def add(self, u: chat.Usage) -> None:
+        energy = None if self.usage.energy_j is None and u.energy_j is None else \
+            (self.usage.energy_j or 0.0) + (u.energy_j or 0.0)  # fmt: skip
         self.usage = chat.Usage(prompt_tokens=self.usage.prompt_tokens + u.prompt_tokens,
                                 completion_tokens=self.usage.completion_tokens + u.completion_tokens,
-                                total_tokens=self.usage.total_tokens + u.total_tokens)  # fmt: skip
+                                total_tokens=self.usage.total_tokens + u.total_tokens, energy_j=energy)  # fmt: skip
         self.cached += u.prompt_tokens_details.cached_tokens if u.prompt_tokens_details else 0
 
     def finish(self, finish_reason: str) -> list[r.StreamEvent]:

@@ -278,6 +278,9 @@ def chat_request(req: r.ResponsesRequest, history: list[chat.ChatMessage],
         # in its output text (chat ignores the split for tool-call requests, and so does this).
         reasoning_format="deepseek",
         enable_think=_thinks(req.reasoning),
+        # The thinking budget: an exact count (a GenieX extension) wins over the effort's.
+        reasoning_effort=req.reasoning.effort if req.reasoning is not None else None,
+        thinking_budget_tokens=req.thinking_budget_tokens,
         user=req.user,
         stream=req.stream,
         nctx=req.nctx,
@@ -326,4 +329,4 @@ def usage_of(u: chat.Usage, reasoning_tokens: int) -> r.Usage:
     return r.Usage(input_tokens=u.prompt_tokens, input_tokens_details=r.InputTokensDetails(cached_tokens=cached),
                    output_tokens=u.completion_tokens,
                    output_tokens_details=r.OutputTokensDetails(reasoning_tokens=min(reasoning_tokens, u.completion_tokens)),
-                   total_tokens=u.total_tokens)  # fmt: skip
+                   total_tokens=u.total_tokens, energy_j=u.energy_j)  # fmt: skip

@@ -41,6 +41,7 @@ from protocol.wire import (
     LogprobDelta,
     Ready,
     TokenCount,
+    TokenLogprob,
 )
 from workers.engines import Emit, EngineError, EngineOptions
 from workers.engines.llama.chat_template import (
@@ -53,8 +54,10 @@ from workers.engines.llama.logits import LogitsJob
 from workers.engines.llama.logprobs import token_logprobs
 from workers.engines.llama.media import Media, MediaPrompt, flatten, text_run
 from workers.engines.llama.sampling import build_sampler
+from workers.engines.llama.schedule import by_rank, chunk_limit, paused
 from workers.engines.llama.slots import Queued, Run, Slot, Slots, SlotState
 from workers.engines.llama.speculation import Speculator
+from workers.engines.llama.think_budget import UNLIMITED, ThinkBudget
 from workers.engines.llama.truncation import Prompt, Reports, truncate
 from workers.engines.llama_runtime import (
     Threads,
@@ -133,6 +136,7 @@ class LlamaEngine(VocabTokens):
         self.counts: deque[TokenCount] = deque()  # answered at the next step: nothing to decode
         self.truncated = Reports()  # `truncation: auto`: what each queued request's prompt dropped
         self.tokens_generated = 0
+        self._closings: dict[str, list[int]] = {}  # a thinking section's closing text -> its tokens
         # Text that comes sooner than this after the last Delta waits for the next one: at
         # high token rates every Delta costs the gateway and the client a wake-up, a write
         # and a parse, CPU taken from decoding on a small machine (bench/README.md). The
@@ -187,6 +191,14 @@ class LlamaEngine(VocabTokens):
                 if media is not None:
                     media.free()
                 raise
+        think = self._think(req, reasoning_open)
+        if think is not None and think.spent:
+            # Budget 0 and the prompt opened the section: it is closed in the prompt, before any token.
+            tokens = [*tokens, *self._closing_tokens(think.closing())]
+            reasoning_open = False
+            if media is not None:
+                media.n_tokens += len(tokens) - len(media.keys)
+                media.keys = tokens
         if len(tokens) >= self.nctx:
             n = media.n_tokens if media is not None else len(tokens)
             if media is not None:
@@ -203,7 +215,7 @@ class LlamaEngine(VocabTokens):
             if media is not None:
                 media.free()
             raise
-        self.slots.waiting.append(Queued(req, tokens, sampler, reasoning_open, media))
+        self.slots.waiting.append(Queued(req, tokens, sampler, reasoning_open, media, think))
         if dropped is not None:
             self.truncated.pending[req.req_id] = dropped
 
@@ -225,7 +237,8 @@ class LlamaEngine(VocabTokens):
             log.info("cancelled", request_id=run.req.log_id, generated=run.n_gen)
             acc, rej = (run.spec.accepted, run.spec.rejected) if run.spec else (0, 0)
             emit(Done(req_id, "cancelled", prompt_tokens=run.n_prompt, completion_tokens=run.n_gen,
-                      accepted_tokens=acc, rejected_tokens=rej))  # fmt: skip
+                      accepted_tokens=acc, rejected_tokens=rej,
+                      reasoning_tokens=run.think.tokens if run.think else 0))  # fmt: skip
             self._release(slot, completed=False)
 
     def has_work(self) -> bool:
@@ -261,34 +274,50 @@ class LlamaEngine(VocabTokens):
             self._run_logits(emit)
         self.slots.admit(self.truncated.emit(emit), self.speculator.start)
         self.coalesce_s = self.coalesce * max(1, self.slots.running())
+        # Background sequences sit this step out while interactive work runs (llama/schedule.py).
+        busy = [slot for slot in self.slots if slot.state is not SlotState.FREE]
+        held = paused((slot.run for slot in busy), time.monotonic())
+        stepping = [slot for i, slot in enumerate(busy) if i not in held]
         if self.speculator.active:
-            self.speculator.make_drafts(self.slots)
+            self.speculator.make_drafts(stepping)
         if self.media is not None:
-            self._prefill_image(emit)
+            self._prefill_image(emit, stepping)
+        for i in held:
+            busy[i].run.row = -1
         batch = self.batch
         n = 0
         # Running sequences first: one token each (plus a draft to verify), so they never
         # wait behind a prompt.
-        for slot in self.slots:
-            if slot.state is SlotState.FREE:
+        for slot in stepping:
+            if slot.state is SlotState.FREE:  # its image failed just now
                 continue
             run = slot.run
             run.row = -1
             if slot.state is SlotState.DECODE:
-                n = put(batch, n, run.last_token, run.n_past, slot.seq)
+                if run.inject and n + 1 + len(run.inject) > N_BATCH:
+                    continue  # a full batch (many slots): its close goes in at the next step
+                n = put(batch, n, run.last_token, run.n_past, slot.seq, not run.inject)
                 run.row = n - 1
                 run.n_past += 1
-                if run.spec is not None and run.spec.draft:
+                if run.inject:  # a thinking section's close, as if sampled: the next token follows it
+                    for tok in run.inject:
+                        n = put(batch, n, tok, run.n_past, slot.seq, False)
+                        run.n_past += 1
+                    batch.logits[n - 1] = True
+                    run.row = n - 1
+                    run.inject = []
+                elif run.spec is not None and run.spec.draft:
                     for tok in run.spec.draft:
                         n = put(batch, n, tok, run.n_past, slot.seq)
                         run.n_past += 1
-        # Then prompt chunks, as much as the batch holds.
+        # Then prompt chunks, as much as the batch holds, interactive ones first.
         limit = TENTATIVE_BATCH if self.threads.tentative else N_BATCH
-        for slot in self.slots:
-            if slot.state is not SlotState.PREFILL or n >= limit:
+        prefilling = [slot for slot in stepping if slot.state is SlotState.PREFILL]
+        for slot in sorted(prefilling, key=lambda s: by_rank(s.run.priority)):
+            if n >= limit:
                 continue
             run = slot.run
-            take = min(text_run(run.pending_prompt), limit - n)  # up to the next image, if any
+            take = min(text_run(run.pending_prompt), chunk_limit(run.priority, limit - n))  # up to the next image
             if take == 0:
                 continue
             chunk = slot.feed(take)
@@ -322,12 +351,12 @@ class LlamaEngine(VocabTokens):
                 except Exception as exc:  # noqa: BLE001 - one request's failure is not its neighbours'
                     self._fail(slot, exc, emit)
 
-    def _prefill_image(self, emit: Emit) -> None:
+    def _prefill_image(self, emit: Emit, slots: list[Slot]) -> None:
         """One image of one prefilling slot, encoded and decoded into its sequence, before this
         step's batch (its KV must precede the text after it). A decode of embeddings cannot carry
         tokens, so it runs on its own, and only one per step: the other slots decode between images."""
         assert self.media is not None
-        for slot in self.slots:
+        for slot in slots:
             if slot.state is not SlotState.PREFILL:
                 continue
             run = slot.run
@@ -358,6 +387,7 @@ class LlamaEngine(VocabTokens):
             self._finish(slot, "stop", emit)
             return False
         text_bytes = piece(self.vocab, tok, req.special, self._piece_buf)
+        spent = run.think.feed(text_bytes.decode(errors="replace")) if run.think is not None else False
         if run.logprobs is not None:
             run.logprobs.append(token_logprobs(self.ctx, row, self.n_vocab, tok, text_bytes, req.logprobs,
                                                lambda t: piece(self.vocab, t, False, self._piece_buf)))  # fmt: skip
@@ -374,7 +404,51 @@ class LlamaEngine(VocabTokens):
             return False
         run.last_token = tok
         slot.history.append(tok)
+        if spent:
+            return self._close_thinking(slot, emit)
         return True
+
+    def _close_thinking(self, slot: Slot, emit: Emit) -> bool:
+        """The thinking budget is spent: the closing text goes out and into the sequence as if the
+        model had written it (the next step decodes it after the last token), counted as completion
+        tokens, bounded by max_tokens as they are; False when it ended the generation."""
+        run = slot.run
+        assert run.think is not None
+        tokens = self._closing_tokens(run.think.closing())[: run.max_tokens - run.n_gen]
+        pieces = [piece(self.vocab, t, run.req.special, self._piece_buf) for t in tokens]
+        for t in tokens:
+            run.sampler.accept(t)
+        run.n_gen += len(tokens)
+        self.tokens_generated += len(tokens)
+        if run.logprobs is not None:  # forced, not sampled: certain, with no alternatives
+            run.logprobs.extend(TokenLogprob(p, 0.0) for p in pieces)
+        text = run.text.feed(b"".join(pieces))
+        if text:
+            self._emit_text(run, text, emit)
+        if run.text.stopped:
+            self._finish(slot, "stop", emit, flush=False)
+            return False
+        if run.n_gen >= run.max_tokens:
+            self._finish(slot, "length", emit)
+            return False
+        run.inject = tokens
+        slot.history.extend(tokens)
+        return True
+
+    def _think(self, req: Generate, opened: bool) -> ThinkBudget | None:
+        """A chat request's thinking section. Under a grammar (a JSON schema, a forced tool call) the
+        budget is not applied: the grammar shapes the whole output, and it might refuse the closing
+        text; its section is still counted."""
+        if req.messages is None:
+            return None
+        budget = UNLIMITED if req.constraint is not None else req.reasoning_budget
+        return ThinkBudget(budget, opened=opened)
+
+    def _closing_tokens(self, text: str) -> list[int]:
+        tokens = self._closings.get(text)
+        if tokens is None:
+            tokens = self._closings[text] = tokenize(self.vocab, text, add_special=False)
+        return tokens
 
     def _emit_text(self, run: Run, text: str, emit: Emit, *, final: bool = False) -> None:
         if self.coalesce and not final:
@@ -402,7 +476,7 @@ class LlamaEngine(VocabTokens):
         acc, rej = (run.spec.accepted, run.spec.rejected) if run.spec else (0, 0)
         emit(Done(req.req_id, reason, prompt_tokens=run.n_prompt, completion_tokens=run.n_gen,
                   cached_tokens=run.n_cached, accepted_tokens=acc, rejected_tokens=rej,
-                  stop_sequence=run.text.matched))  # fmt: skip
+                  stop_sequence=run.text.matched, reasoning_tokens=run.think.tokens if run.think else 0))  # fmt: skip
         secs = time.perf_counter() - run.started
         extra = {"spec": run.spec.cfg.type, "accepted": acc, "rejected": rej} if run.spec else {}
         log.info("generation done", request_id=req.log_id, finish=reason, prompt_tokens=run.n_prompt,

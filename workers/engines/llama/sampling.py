@@ -48,6 +48,12 @@ class Sampler:
         L.llama_sampler_accept(self.chain, tok)
         return tok
 
+    def accept(self, tok: int) -> None:
+        """A token the engine put into the sequence itself (a thinking section's close): the
+        penalties count it as the model's. Never with a grammar, which might refuse it."""
+        assert self.grammar is None
+        L.llama_sampler_accept(self.chain, tok)
+
     def _pick(self, logits: np.ndarray, *, with_grammar: bool) -> int:
         cand = self._cand
         cand["id"] = self._ids  # samplers sort and cut the array in place: refill it each time

@@ -38,7 +38,9 @@ from workers.engines.llama.draft_model import SpecState
 from workers.engines.llama.media import MediaPrompt, whole_media
 from workers.engines.llama.prompt_cache import PromptCache, common_prefix
 from workers.engines.llama.sampling import Sampler
+from workers.engines.llama.schedule import BACKGROUND, next_waiting
 from workers.engines.llama.text_stream import TextStream
+from workers.engines.llama.think_budget import ThinkBudget
 
 log = structlog.get_logger("worker.llama")
 
@@ -90,11 +92,18 @@ class Run:
     media: MediaPrompt | None = None  # the images of the prompt (llama/media.py)
     spec: SpecState | None = None  # set only for a request that speculates
     logprobs: list[TokenLogprob] | None = None  # tokens not yet sent, for a request that wants logprobs
+    think: ThinkBudget | None = None  # its thinking section (chat requests)
+    inject: list[int] = field(default_factory=list)  # tokens the next step puts after last_token, unsampled
     n_gen: int = 0
     last_token: int = -1
     row: int = -1  # this step's output row in the batch, or -1
+    paused_since: float | None = None  # sitting steps out behind interactive work (llama/schedule.py)
     held: str = ""  # text waiting for the next Delta (see LlamaEngine._emit_text)
     last_emit: float = 0.0
+
+    @property
+    def priority(self) -> str:
+        return self.req.priority
 
 
 @dataclass
@@ -165,6 +174,12 @@ class Queued:
     sampler: Sampler
     reasoning_open: bool = False
     media: MediaPrompt | None = None  # a prompt with images: its keys are `tokens`
+    think: ThinkBudget | None = None
+    queued_at: float = field(default_factory=time.monotonic)
+
+    @property
+    def priority(self) -> str:
+        return self.req.priority
 
 
 class Slots:
@@ -200,12 +215,18 @@ class Slots:
         return None
 
     def admit(self, emit: Emit, speculate: Callable[[Speculation], SpecState]) -> None:
-        """Put waiting requests into free slots, and tell the gateway each one started."""
+        """Put waiting requests into free slots, best rank first (llama/schedule.py), and tell the
+        gateway each one started."""
         while self.waiting:
             free = self.free()
             if not free:
                 return
-            q = self.waiting.popleft()
+            background = sum(s.state is not SlotState.FREE and s.run.priority == BACKGROUND for s in self.slots)
+            i = next_waiting(self.waiting, time.monotonic(), parallel=len(self.slots), busy_background=background)
+            if i is None:
+                return  # only background requests wait, and they hold every slot they may
+            q = self.waiting[i]
+            del self.waiting[i]
             req, tokens = q.req, q.tokens
             slot, reuse = self._place(free, req, tokens)
             self._log(req, slot, len(tokens), reuse)
@@ -219,7 +240,7 @@ class Slots:
                            n_cached=reuse, n_past=reuse, max_tokens=max(1, min(wanted, self.nctx - len(tokens))),
                            started=time.perf_counter(), media=q.media,
                            spec=speculate(req.speculation) if req.speculation is not None else None,
-                           logprobs=[] if req.logprobs >= 0 else None))  # fmt: skip
+                           logprobs=[] if req.logprobs >= 0 else None, think=q.think))  # fmt: skip
             d = self.disk
             emit(Started(req.req_id, n_prompt, reuse, q.reasoning_open, self.cache.bytes, self.cache.evictions,
                          *((d.bytes, d.stats.hits, d.stats.evictions, d.stats.write_errors) if d else ())))  # fmt: skip

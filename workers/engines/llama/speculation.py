@@ -105,6 +105,8 @@ class Speculator:
             if spec is None:
                 continue
             spec.draft = []
+            if run.inject:  # the next step puts a thinking section's close there, not a guess
+                continue
             # Drafting past the token that ends by length would only be thrown away.
             budget = min(spec.cfg.n_max, self.cap, run.max_tokens - run.n_gen - 1)
             if budget < max(1, spec.cfg.n_min):
@@ -138,6 +140,9 @@ class Speculator:
             run.n_past = base + 1 + i
             if not take(slot, tok, run.row + i):
                 return
+            if run.inject:  # take() closed a thinking section: the rest of the draft guessed more thinking
+                accepted = i  # `tok` is decoded again, at its place, before the closing tokens
+                break
             if not hit:
                 break
         run.n_past = base + 1 + accepted

@@ -345,6 +345,9 @@ class NpuChatEngine(VocabTokens):
             tokens, reasoning_open = self._chat_tokens(req.messages, req.template_vars, req.tools)
         else:
             tokens, reasoning_open = self._tokens(req.prompt or ""), False
+        if req.reasoning_budget >= 0:  # said, not refused: the server's --reasoning-budget reaches every model
+            log.info("reasoning budget not applied on the NPU engine", request_id=req.log_id,
+                     reasoning_budget=req.reasoning_budget)  # fmt: skip
         if not tokens:
             raise EngineError("the prompt is empty")
         if len(tokens) >= self.n_ctx:

@@ -259,13 +259,15 @@
     const sums = new Map();
     for (const r of rows) {
       const k = r.day + "\u0000" + r.model;
-      const s = sums.get(k) || { day: r.day, model: r.model, requests: 0, prompt_tokens: 0, completion_tokens: 0, total_tokens: 0 };
-      for (const f of ["requests", "prompt_tokens", "completion_tokens", "total_tokens"]) s[f] += r[f] || 0;
+      const s = sums.get(k) || { day: r.day, model: r.model, requests: 0, prompt_tokens: 0, completion_tokens: 0, total_tokens: 0, energy_j: 0, energy_tokens: 0 };
+      for (const f of ["requests", "prompt_tokens", "completion_tokens", "total_tokens", "energy_j", "energy_tokens"]) s[f] += r[f] || 0;
       sums.set(k, s);
     }
     const sorted = [...sums.values()].sort((a, b) => (b.day + a.model).localeCompare(a.day + b.model));
     $("usage").tBodies[0].replaceChildren(...sorted.map((s) => el("tr", {},
-      td(s.day), td(s.model), td(s.requests, "num"), td(s.prompt_tokens, "num"), td(s.completion_tokens, "num"), td(s.total_tokens, "num"))));
+      td(s.day), td(s.model), td(s.requests, "num"), td(s.prompt_tokens, "num"), td(s.completion_tokens, "num"), td(s.total_tokens, "num"),
+      // Joules per token over the answers whose energy was measured; "—" where the machine reports none.
+      td(s.energy_tokens ? (s.energy_j / s.energy_tokens).toPrecision(3) : "\u2014", "num"))));
   }
 
   document.addEventListener("DOMContentLoaded", () => {
