@@ -193,7 +193,8 @@ class CompletionTokensDetails(msgspec.Struct):
 
     accepted_prediction_tokens: int = 0
     rejected_prediction_tokens: int = 0
-    reasoning_tokens: int = 0  # tokens of the thinking section (`<think>` to `</think>`)
+    # tokens of the thinking section (`<think>` to `</think>`); absent where there was none
+    reasoning_tokens: int | msgspec.UnsetType = msgspec.UNSET
 
 
 class Usage(msgspec.Struct, omit_defaults=True):

@@ -109,7 +109,7 @@ class Completion:
             spec = CompletionTokensDetails(
                 accepted_prediction_tokens=sum(d.accepted_tokens for d in dones.values()),
                 rejected_prediction_tokens=sum(d.rejected_tokens for d in dones.values()),
-                reasoning_tokens=reasoning,
+                reasoning_tokens=reasoning or msgspec.UNSET,
             )
         # Its energy once every choice is done: the first ask ends its share (an extension, omitted where unknown).
         energy = self.accounting.energy_j() if len(dones) == self.n else None

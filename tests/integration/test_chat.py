@@ -258,7 +258,7 @@ def test_a_fallback_names_the_doctors_check_of_its_cause(tmp_path: Path) -> None
     assert check["status"] == "fail" and "no GPU backend" in check["detail"] and "GPU=vulkan" in check["fix"], check
 
 
-def test_stream_interval_groups_tokens_without_changing_the_text(client: openai.OpenAI, tmp_path: Path) -> None:
+def test_stream_interval_groups_tokens_without_changing_the_text(tmp_path: Path) -> None:
     """--stream-interval-ms: tokens closer together than it share a chunk; the first goes at once."""
     kw = {"model": MODEL, "messages": [{"role": "user", "content": "Count from one to twenty."}], "max_tokens": 30,
           "temperature": 0, "stream": True, "stream_options": {"include_usage": True}}  # fmt: skip
@@ -269,6 +269,7 @@ def test_stream_interval_groups_tokens_without_changing_the_text(client: openai.
             -1
         ].usage.completion_tokens
 
+    texts = []
     for interval, expect in (("0", "one per token"), ("60000", "first, then the rest")):
         srv = ServerProcess(tmp_path / f"data{interval}", "--nctx", "2048", "--stream-interval-ms", interval)
         try:
@@ -277,9 +278,11 @@ def test_stream_interval_groups_tokens_without_changing_the_text(client: openai.
             got, tokens = pieces(c)
         finally:
             srv.stop()
-        ref, _ = pieces(client)
-        assert "".join(got) == "".join(ref)
+        # Compared between these two servers, which serve nothing else: on the shared one a request
+        # batched beside another may take another greedy path (batched float sums differ).
+        texts.append("".join(got))
         if expect == "one per token":
             assert len(got) == tokens  # SmolLM2's pieces here are whole ASCII tokens
         else:
             assert len(got) == 2, got
+    assert texts[0] == texts[1]

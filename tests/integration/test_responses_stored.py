@@ -139,7 +139,9 @@ def test_cancelling_a_running_background_response_frees_its_worker(
     assert client.responses.retrieve(made.id).status == "cancelled"
     assert client.responses.cancel(made.id).status == "cancelled"  # idempotent
     # the worker stopped the generation: it is idle, nothing in flight (no wait: the cancel waited for it)
-    assert [(w["state"], w["inflight"]) for w in _smol_workers(server)] == [("idle", 0)]
+    # (the shared server may hold more than one of its workers, at other contexts: every one is idle)
+    states = [(w["state"], w["inflight"]) for w in _smol_workers(server)]
+    assert states and all(s == ("idle", 0) for s in states), states
     text = cancelled.output_text
     assert text and cancelled.output[0].status == "incomplete"  # type: ignore[union-attr]
     # what it made is kept as it stopped; its replay ends there
