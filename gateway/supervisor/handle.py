@@ -19,7 +19,7 @@ import sys
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import msgspec
 import psutil
@@ -177,6 +177,21 @@ class _Pending:
         self.queue: asyncio.Queue[object] = asyncio.Queue()
         self.n_tokens = 0
         self.log_id = log_id
+
+
+def send_in_order(sock: zmq.asyncio.Socket, frame: bytes) -> None:
+    """Send `frame` on the PUSH socket to a worker without waiting, in order after any frame still
+    waiting. A worker connects its inbox as it starts, and its `Ready` can arrive before that
+    connection is made: a frame sent then waits for it (a non-blocking send would be refused, and the
+    request it carried would never be answered). A frame still waiting when the worker dies is
+    cancelled as its socket closes; the death is reported by the watcher, with its real cause."""
+    sent = asyncio.ensure_future(sock.send(frame))  # zmq.asyncio's own Future, returned as it is
+    sent.add_done_callback(_sent)
+
+
+def _sent(f: asyncio.Future[Any]) -> None:
+    if not f.cancelled() and (exc := f.exception()) is not None:
+        log.warning("a message to a worker was not sent", error=str(exc))
 
 
 class WorkerHandle:
@@ -458,10 +473,7 @@ class WorkerHandle:
     # ---- requests ----------------------------------------------------------
 
     def _send(self, msg: ToWorker) -> None:
-        try:
-            self._push.send(self._codec.encode(msg), flags=zmq.NOBLOCK)
-        except zmq.ZMQError:
-            pass  # a dead worker is reported by the watcher, with its real cause
+        send_in_order(self._push, self._codec.encode(msg))
 
     def _admit(self, log_id: str) -> tuple[int, _Pending]:
         self._claims.release(self.key)  # the request has reached its worker, whether admitted or refused below
