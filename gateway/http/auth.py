@@ -124,7 +124,7 @@ class ApiKeyAuth:
         if not key.limits.any:
             await self.app(scope, receive, send)
             return
-        refusal = self.limiter.admit(key.label, key.limits)
+        refusal = await self.limiter.enter(key.label, key.limits)
         if refusal is not None:
             await (_refuse_socket(send, refusal.message()) if socket else _too_many(send, scope["path"], refusal))
             return

@@ -6,10 +6,15 @@ in memory: a restart forgives everyone, which suits a local server. Tokens are c
 request finishes (prompt plus completion), so a request is admitted while the key's last minute
 is under its token limit and may end above it; the next one then waits until enough of that
 minute has passed. A refusal names the limit and says when to come back (`Retry-After`).
+
+A request over its key's concurrency first waits a moment (`CONCURRENT_GRACE_S`) for one of the
+key's requests to end: a client may send its next request as soon as it has read the last one's
+end (the OpenAI SDK closes a stream at its `[DONE]`), before the server has finished closing it.
 """
 
 from __future__ import annotations
 
+import asyncio
 import math
 import time
 from collections import deque
@@ -18,6 +23,7 @@ from dataclasses import dataclass, field
 
 WINDOW_S = 60.0
 NAMES = ("rpm", "tpm", "concurrent", "timeout")
+CONCURRENT_GRACE_S = 0.25
 
 
 @dataclass(frozen=True)
@@ -72,6 +78,7 @@ class KeyLimiter:
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self._clock = clock
         self._usage: dict[str, _Usage] = {}
+        self._waiting: dict[str, deque[asyncio.Future[None]]] = {}  # requests waiting out the grace, per key
 
     def _expire(self, u: _Usage, now: float) -> None:
         while u.requests and u.requests[0] <= now - WINDOW_S:
@@ -81,6 +88,41 @@ class KeyLimiter:
 
     def admit(self, label: str, limits: Limits) -> Refusal | None:
         """Count a request in, or say which limit refuses it. An admitted request is `release`d once."""
+        refusal = self._try(label, limits)
+        if refusal is not None:
+            self._refused(label, refusal)
+        return refusal
+
+    async def enter(self, label: str, limits: Limits, grace_s: float = CONCURRENT_GRACE_S) -> Refusal | None:
+        """`admit`, except that a request refused for concurrency alone first waits up to `grace_s`
+        for one of its key's requests to be `release`d."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + grace_s
+        while (refusal := self._try(label, limits)) is not None:
+            left = deadline - loop.time()
+            if refusal.limit != "concurrent" or left <= 0:
+                break
+            freed = loop.create_future()
+            waiting = self._waiting.setdefault(label, deque())
+            waiting.append(freed)
+            try:
+                async with asyncio.timeout(left):
+                    await freed
+            except TimeoutError:
+                pass
+            finally:
+                waiting.remove(freed)
+                if not waiting:
+                    del self._waiting[label]
+        if refusal is not None:
+            self._refused(label, refusal)
+        return refusal
+
+    def _refused(self, label: str, refusal: Refusal) -> None:
+        u = self._usage[label]
+        u.refused[refusal.limit] = u.refused.get(refusal.limit, 0) + 1
+
+    def _try(self, label: str, limits: Limits) -> Refusal | None:
         now = self._clock()
         u = self._usage.setdefault(label, _Usage())
         self._expire(u, now)
@@ -98,7 +140,6 @@ class KeyLimiter:
                     break
             refusal = Refusal("tpm", limits.tpm, _seconds(at + WINDOW_S - now))
         if refusal is not None:
-            u.refused[refusal.limit] = u.refused.get(refusal.limit, 0) + 1
             return refusal
         u.requests.append(now)
         u.inflight += 1
@@ -108,6 +149,10 @@ class KeyLimiter:
         u = self._usage.get(label)
         if u is not None and u.inflight > 0:
             u.inflight -= 1
+            for freed in self._waiting.get(label, ()):
+                if not freed.done():
+                    freed.set_result(None)  # the first still waiting tries again
+                    break
 
     def spend(self, label: str, tokens: int) -> None:
         """A finished request's prompt and completion tokens, counted against the key's minute; only

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
 from gateway.ops.keys import KeyFileError, parse_key_file
@@ -67,3 +69,33 @@ def test_tokens_per_minute_refuse_until_enough_tokens_age_out() -> None:
     assert lim.admit("a", tpm) is None
     lim.spend("never-admitted", 10**9)
     assert "never-admitted" not in lim.snapshot(), "callers without limits are not tracked"
+
+
+async def test_a_request_over_its_concurrency_waits_for_one_that_is_ending() -> None:
+    lim = KeyLimiter()
+    one = Limits(concurrent=1)
+    assert await lim.enter("a", one) is None
+    # The last one ends while the next waits: the OpenAI SDK sends its next request once it has read
+    # `[DONE]`, before the server has closed the stream that sent it.
+    loop = asyncio.get_running_loop()
+    loop.call_later(0.02, lim.release, "a")
+    started = loop.time()
+    assert await lim.enter("a", one, grace_s=5) is None
+    assert loop.time() - started < 4, "admitted when the other ended, not at the grace's end"
+    assert lim.snapshot()["a"][2:] == (1, {}), "one in flight, nothing refused"
+
+
+async def test_past_the_grace_it_is_refused_once_and_other_limits_do_not_wait() -> None:
+    lim = KeyLimiter()
+    one = Limits(concurrent=1)
+    assert await lim.enter("a", one) is None
+    refusal = await lim.enter("a", one, grace_s=0.05)
+    assert refusal is not None and refusal.limit == "concurrent"
+    assert lim.snapshot()["a"][3] == {"concurrent": 1}
+    rpm = Limits(rpm=1)
+    assert await lim.enter("b", rpm) is None
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    refusal = await lim.enter("b", rpm, grace_s=5)
+    assert refusal is not None and refusal.limit == "rpm" and loop.time() - started < 1
+    assert not lim._waiting, "no waiter is left behind"
