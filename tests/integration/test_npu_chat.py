@@ -181,10 +181,11 @@ def test_a_shared_bundle_holds_one_binary_per_part_with_the_weights_once(bundle:
     assert imported_shared(converted) and not imported_shared(next((bundle.parent / "data" / "npu").iterdir()))
 
 
-def test_the_shared_load_path_gives_the_unshared_greedy_tokens(bundle: Path, tmp_path: Path) -> None:
+def test_the_shared_load_path_gives_the_unshared_prefill_logits(bundle: Path, tmp_path: Path) -> None:
     """Prefill's context weight-shared (a binary of one graph: the simulator loads it), decode's the
     bundle's unshared one: the decoder loads the first through the shared path (its graph's names
-    restored, `ep.share_ep_contexts`), and its prefill and greedy tokens are the unshared decoder's."""
+    restored, `ep.share_ep_contexts`), and its prefill's logits are the unshared decoder's. (Decode
+    steps would run the same unshared context in both, so none is run: each costs seconds here.)"""
     import numpy as np
 
     from workers.engines.npu.convert import DecoderConfig
@@ -199,7 +200,7 @@ def test_the_shared_load_path_gives_the_unshared_greedy_tokens(bundle: Path, tmp
     (part,) = compile_shared(folder, cfg, 128, devices, options, folder, seqs=(32,))
     assert part.contexts[0].startswith("qnn-shared-model-s32-")
 
-    def greedy(folder: Path, shared: bool) -> tuple[np.ndarray, list[int]]:
+    def prefill(folder: Path, shared: bool) -> np.ndarray:
         builds: list[bool] = []
         make = qnn_session_factory(devices, options, 2, cpu_fallback=False, shared=shared,
                                    on_build=lambda _label, _secs, warm: builds.append(warm))  # fmt: skip
@@ -207,11 +208,7 @@ def test_the_shared_load_path_gives_the_unshared_greedy_tokens(bundle: Path, tmp
         assert builds == [True, True], "both shapes loaded, none compiled"
         logits = dec.prefill(list(range(100, 120)))
         assert logits is not None
-        tokens = [int(np.argmax(logits))]
-        for _ in range(2):
-            tokens.append(int(np.argmax(dec.decode(tokens[-1]))))
-        return logits, tokens
+        return logits
 
-    shared_logits, shared_tokens = greedy(folder, True)
-    logits, tokens = greedy(bundle / GRAPHS_DIR, False)
-    assert shared_tokens == tokens and np.array_equal(shared_logits, logits)  # the same graph, compiled alike
+    shared_logits, logits = prefill(folder, True), prefill(bundle / GRAPHS_DIR, False)
+    assert np.array_equal(shared_logits, logits)  # the same graph, compiled alike: so its greedy token too
