@@ -22,6 +22,7 @@ from protocol import qnn
 # GENIEX_* variables that no flag reads but that the server does: the data dir's historical
 # spelling, llama.cpp's error log switch, and the QNN simulator's SoC model.
 OTHER_ENV = ("GENIEX_DATADIR", "GENIEX_LLAMA_LOG", "GENIEX_QNN_SOC_MODEL")
+IDLE_CONNECTION_S = 75  # seconds an idle HTTP connection is kept (nginx's default): see _serve
 
 
 class _Renamed(argparse._StoreAction):
@@ -222,6 +223,11 @@ def _serve(args: argparse.Namespace) -> int:
         lifespan="on",
         # In-flight requests have finished (or run out of time) before uvicorn is told to stop.
         timeout_graceful_shutdown=2,
+        # Longer than any common client keeps an idle connection (httpx and the OpenAI SDK 5 s,
+        # Node's undici 4 s, aiohttp 15 s): at uvicorn's own 5 s, a client reusing a connection
+        # just as the server closed it lost its request ("Server disconnected without sending a
+        # response"); past its client's idle bound, the client closes it first.
+        timeout_keep_alive=IDLE_CONNECTION_S,
         server_header=False,
         # Requests beyond --max-connections get a JSON 503 from DrainMiddleware; uvicorn's own
         # refusal (plain text) is only the backstop against a flood of idle kept-alive connections.

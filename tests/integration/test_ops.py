@@ -5,8 +5,10 @@ from __future__ import annotations
 import json
 import re
 import signal
+import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import httpx
@@ -140,3 +142,17 @@ def test_metrics_usage_ledger_and_restart(data_dir: Path) -> None:
         assert label in table and "anonymous" in table and "alice" in table
     finally:
         srv.stop()
+
+
+def test_an_idle_connection_outlives_the_clients_own_idle_bound(server: ServerProcess) -> None:
+    """httpx and the OpenAI SDK reuse a connection idle for up to 5 s; a server that closed it at 5 s
+    (uvicorn's default) raced them, and a request sent as it closed was lost ("Server disconnected
+    without sending a response"). The server keeps it longer, so the client's own bound ends it."""
+    url = httpx.URL(server.base_url)
+    with socket.create_connection((url.host, url.port), timeout=10) as sock:
+        request = f"GET /health HTTP/1.1\r\nHost: {url.host}:{url.port}\r\n\r\n".encode()
+        for idle_s in (0.0, 5.5):  # then past the client's idle bound
+            time.sleep(idle_s)
+            sock.sendall(request)
+            answer = sock.recv(65536)
+            assert answer.startswith(b"HTTP/1.1 200"), answer  # b"": the server had closed it
