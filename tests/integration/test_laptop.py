@@ -77,10 +77,8 @@ def srv(tmp_path_factory: pytest.TempPathFactory, machine: FakeMachine) -> Itera
         yield s
 
 
-def client(srv: ServerProcess, priority: str | None = None) -> openai.OpenAI:
-    headers = {"GenieX-Priority": priority} if priority else {}
-    return openai.OpenAI(base_url=f"{srv.base_url}/v1", api_key="x", max_retries=0, timeout=300,
-                         default_headers=headers)  # fmt: skip
+def client(srv: ServerProcess) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{srv.base_url}/v1", api_key="x", max_retries=0, timeout=300)
 
 
 def async_client(srv: ServerProcess, priority: str) -> openai.AsyncOpenAI:
